@@ -1,0 +1,1 @@
+"""Gateways: the stateless front of the router (server, shard client, dialects)."""

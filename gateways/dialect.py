@@ -1,0 +1,129 @@
+"""What a dialect gives the server, and what the server gives a dialect.
+
+The server moves bytes; a dialect turns a connection's messages into shard commands and shard
+results into frames. A dialect never touches a socket: it writes through :class:`Wire`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+
+if TYPE_CHECKING:
+    from gateways.gateway import Gateway
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    remote: str
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+HttpHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRoute:
+    method: str
+    path: str
+    handler: HttpHandler
+    prefix: bool = False  # match every path below ``path`` as well
+
+    def matches(self, path: str) -> bool:
+        if self.prefix:
+            return path == self.path or path.startswith(self.path.rstrip("/") + "/")
+        return path == self.path
+
+
+class Wire(Protocol):
+    """The server side of one WebSocket connection, as a dialect session sees it."""
+
+    id: int
+    remote: str
+    path: str
+    query: str
+    dropped: int
+
+    def send_text(self, payload: bytes) -> bool: ...
+
+    def send_binary(self, payload: bytes) -> bool: ...
+
+    def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+    def outbound_bytes(self) -> int: ...
+
+    @property
+    def writing_paused(self) -> bool: ...
+
+
+class DialectSession(ABC):
+    """Per-connection state machine of a dialect."""
+
+    @abstractmethod
+    def on_message(self, data: bytes, is_text: bool) -> None:
+        """A complete WebSocket message arrived (text already checked to be UTF-8)."""
+
+    def on_event(self, payload: Any) -> None:
+        """A shard delivered a dialect event (``DELIVER_EVENT``) to this connection."""
+
+    def on_tick(self, now: float) -> None:
+        """Called about once per ``gateway.sweep_interval_s`` with ``time.monotonic()``."""
+
+    @abstractmethod
+    def on_close(self) -> None:
+        """The connection is gone (closed by either side); release everything it held."""
+
+
+class Dialect(ABC):
+    """One protocol: where it is served, its frame limits, and its sessions."""
+
+    name: str = ""
+
+    def __init__(self, gateway: "Gateway") -> None:
+        self.gateway = gateway
+
+    @property
+    @abstractmethod
+    def path(self) -> str: ...
+
+    @property
+    def port(self) -> int | None:
+        """A port of its own, or None for the router's main port."""
+        return None
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return 1 << 20
+
+    @property
+    def max_outbound_bytes(self) -> int:
+        return 8 << 20
+
+    @abstractmethod
+    def open_session(self, wire: Wire, request_headers: Any) -> DialectSession: ...
+
+    def http_routes(self) -> list[HttpRoute]:
+        return []
+
+    def stats(self) -> dict[str, Any]:
+        return {}

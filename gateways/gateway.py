@@ -1,0 +1,252 @@
+"""The gateway: listeners, connections, the shard client and delivery fan-out.
+
+:class:`Gateway` is plain asyncio code; :class:`GatewayActor` runs it inside an async Ray actor
+(Ray runs async actors on uvloop when it is installed). A gateway holds no routing state: if it
+dies, its clients reconnect elsewhere and the supervisor tells the shards to forget it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+import ray
+
+from actors.shards import DELIVER_BINARY, DELIVER_EVENT, DELIVER_TEXT
+from gateways.dialect import Dialect, HttpRequest, HttpResponse, HttpRoute
+from gateways.server import Connection, Listener, frame_header
+from gateways.shardclient import DeliverySequencer, ShardClient
+from router.config import RouterSettings
+from router.shardmap import SHARD_KINDS, shard_name
+
+logger = logging.getLogger(__name__)
+
+_TEXT_OPCODE = 0x1
+_BINARY_OPCODE = 0x2
+
+
+def build_dialects(gateway: "Gateway", settings: RouterSettings) -> list[Dialect]:
+    dialects: list[Dialect] = []
+    if settings.signal.enabled:
+        from gateways.signal.session import SignalHubDialect
+
+        dialects.append(SignalHubDialect(gateway, settings.signal))
+    return dialects
+
+
+class Gateway:
+    def __init__(
+        self,
+        gateway_id: str,
+        index: int,
+        settings: RouterSettings,
+        shard_handles: dict[str, list[tuple[str, Any]]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.id = gateway_id
+        self.index = index
+        self.settings = settings
+        self.loop = loop
+        self.connections: dict[int, Connection] = {}
+        self._next_connection_id = 0
+        tuning = settings.gateway
+        self.shards = ShardClient(
+            gateway_id,
+            shard_handles,
+            loop,
+            self.deliver,
+            batch_max=tuning.batch_max,
+            max_inflight=tuning.max_inflight_batches,
+            timeout_s=settings.signal.request_timeout_s,
+            on_backlog=self._backlog,
+            max_pending=tuning.max_pending_commands,
+        )
+        self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop)
+        self.dialects = build_dialects(self, settings)
+        self.listeners: list[Listener] = []
+        self.started_at = time.time()
+        self.delivered = 0
+        self.undeliverable = 0
+        self._sweeper: asyncio.Task | None = None
+        self._reading_paused = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> dict[str, Any]:
+        """Open the main port (port + index) and each dialect's own port; returns what listens where."""
+        host = self.settings.host
+        routes = [HttpRoute("GET", "/health", self._health)]
+        for dialect in self.dialects:
+            routes.extend(dialect.http_routes())
+        shared = [d for d in self.dialects if d.port is None]
+        plan = [(self._port(self.settings.port), shared, routes)]
+        for dialect in self.dialects:
+            if dialect.port is not None:
+                plan.append((self._port(dialect.port), [dialect], [HttpRoute("GET", "/health", self._health)]))
+        for port, dialects, http_routes in plan:
+            listener = Listener(host, port, dialects, http_routes)
+            listener.server = await self.loop.create_server(
+                lambda listener=listener: Connection(self, listener), host, port, reuse_address=True, backlog=4096
+            )
+            listener.port = listener.server.sockets[0].getsockname()[1]
+            self.listeners.append(listener)
+        self._sweeper = self.loop.create_task(self._sweep())
+        return self.describe()
+
+    def _port(self, base: int) -> int:
+        return 0 if base == 0 else base + self.index
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "gateway": self.id,
+            "host": self.settings.host,
+            "listeners": [
+                {"port": listener.port, "websocket": {d.name: path for path, d in listener.ws_routes.items()}}
+                for listener in self.listeners
+            ],
+        }
+
+    async def stop(self, timeout: float = 3.0) -> None:
+        """Stop accepting, close every WebSocket with 1001, and wait for them to go."""
+        for listener in self.listeners:
+            if listener.server is not None:
+                listener.server.close()
+        for connection in list(self.connections.values()):
+            if connection.ws is not None:
+                connection.close(1001, "router shutting down")
+            else:
+                connection.abort()
+        deadline = time.monotonic() + timeout
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections.values()):
+            connection.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def add_connection(self, connection: Connection) -> int:
+        self._next_connection_id += 1
+        self.connections[self._next_connection_id] = connection
+        if self._reading_paused:
+            connection.transport.pause_reading()
+        return self._next_connection_id
+
+    def remove_connection(self, connection: Connection) -> None:
+        self.connections.pop(connection.id, None)
+
+    def _backlog(self, backlogged: bool) -> None:
+        """Too many commands wait for shards: stop reading sockets until they drain."""
+        self._reading_paused = backlogged
+        for connection in self.connections.values():
+            transport = connection.transport
+            if transport is not None and not transport.is_closing():
+                (transport.pause_reading if backlogged else transport.resume_reading)()
+
+    async def _sweep(self) -> None:
+        interval = self.settings.gateway.sweep_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for connection in list(self.connections.values()):
+                try:
+                    connection.tick(now)
+                except Exception:
+                    logger.exception("connection %s: timer failed", connection.id)
+
+    # -- deliveries from shards -----------------------------------------------------------
+
+    def deliver(self, bundle: tuple) -> None:
+        self.sequencer.accept(bundle)
+
+    def _apply(self, items: list) -> None:
+        connections = self.connections
+        for kind, payload, connection_ids in items:
+            if kind == DELIVER_EVENT:
+                for connection_id in connection_ids:
+                    connection = connections.get(connection_id)
+                    if connection is not None and connection.session is not None:
+                        connection.session.on_event(payload)
+                    else:
+                        self.undeliverable += 1
+                continue
+            opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
+            frame = frame_header(opcode, len(payload)) + payload  # built once for every recipient
+            for connection_id in connection_ids:
+                connection = connections.get(connection_id)
+                if connection is not None and connection.send_frame(frame, opcode, payload):
+                    self.delivered += 1
+                else:
+                    self.undeliverable += 1
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    async def _health(self, request: HttpRequest) -> HttpResponse:
+        body = {
+            "status": "ok",
+            "gateway": self.id,
+            "connections": len(self.connections),
+            "endpoints": {d.name: d.path for d in self.dialects},
+        }
+        return HttpResponse(200, orjson.dumps(body))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.describe(),
+            "connections": len(self.connections),
+            "websockets": sum(1 for c in self.connections.values() if c.ws is not None),
+            "delivered": self.delivered,
+            "undeliverable": self.undeliverable,
+            "reordered_skipped": self.sequencer.skipped,
+            "shard_client": self.shards.stats(),
+            "dialects": {d.name: d.stats() for d in self.dialects},
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
+class GatewayActor:
+    """Thin Ray wrapper: runs a :class:`Gateway` on the actor's event loop."""
+
+    def __init__(self, gateway_id: str, index: int, settings: RouterSettings) -> None:
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        self._gateway_id = gateway_id
+        self._index = index
+        self._settings = settings
+        self._gateway: Gateway | None = None
+        self._stopped: asyncio.Event | None = None
+
+    async def start(self) -> dict[str, Any]:
+        settings = self._settings
+        counts = {kind: getattr(settings.shards, kind) for kind in SHARD_KINDS}
+        handles = {
+            kind: [
+                (shard_name(kind, i), ray.get_actor(shard_name(kind, i), namespace=settings.namespace))
+                for i in range(count)
+            ]
+            for kind, count in counts.items()
+        }
+        self._stopped = asyncio.Event()
+        self._gateway = Gateway(self._gateway_id, self._index, settings, handles, asyncio.get_running_loop())
+        return await self._gateway.start()
+
+    async def deliver(self, bundle: tuple) -> None:
+        self._gateway.deliver(bundle)
+
+    async def stats(self) -> dict[str, Any]:
+        return self._gateway.stats()
+
+    async def stop(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.stop()
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def wait_stopped(self) -> str:
+        """Returns when the gateway stops; fails if the actor dies (the supervisor watches this)."""
+        await self._stopped.wait()
+        return self._gateway_id

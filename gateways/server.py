@@ -1,0 +1,411 @@
+"""One port, two protocols: HTTP/1.1 requests and WebSocket connections.
+
+Each accepted socket starts as HTTP, parsed by ``httptools`` (llhttp, C). A request that asks to
+upgrade to WebSocket on a dialect's path is handed to the ``websockets`` library's sans-I/O
+``ServerProtocol``, which does the handshake and frame parsing (masks, fragments, control frames,
+close handshake, size limit). Everything else is answered as plain HTTP with a body, so REST
+endpoints share the port with the WebSocket endpoints (docs/server.md says why this stack).
+
+There is no task per connection: bytes arrive in ``data_received`` and go straight to the
+dialect. Fan-out writes a frame built once (header + payload) to every recipient's transport;
+server frames are unmasked, so the same bytes are valid on every connection that did not
+negotiate compression.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import httptools
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.frames import Opcode
+from websockets.protocol import OPEN, State
+from websockets.server import ServerProtocol
+
+from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute
+
+if TYPE_CHECKING:
+    from gateways.gateway import Gateway
+
+logger = logging.getLogger(__name__)
+
+_TEXT = Opcode.TEXT
+_BINARY = Opcode.BINARY
+_CONT = Opcode.CONT
+_CLOSING = State.CLOSING
+
+MAX_HTTP_HEAD_BYTES = 64 * 1024
+_STATUS_PHRASES = {
+    200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 412: "Precondition Failed",
+    413: "Content Too Large", 426: "Upgrade Required", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error", 503: "Service Unavailable",
+}
+
+
+def frame_header(opcode: int, length: int) -> bytes:
+    """Header of an unmasked, final WebSocket frame (RFC 6455 section 5.2)."""
+    if length < 126:
+        return bytes((0x80 | opcode, length))
+    if length < 65536:
+        return struct.pack("!BBH", 0x80 | opcode, 126, length)
+    return struct.pack("!BBQ", 0x80 | opcode, 127, length)
+
+
+def encode_http_response(response: HttpResponse, keep_alive: bool) -> bytes:
+    phrase = _STATUS_PHRASES.get(response.status, "Unknown")
+    lines = [f"HTTP/1.1 {response.status} {phrase}"]
+    if response.status != 204:
+        lines.append(f"Content-Type: {response.content_type}")
+        lines.append(f"Content-Length: {len(response.body)}")
+    lines.extend(f"{name}: {value}" for name, value in response.headers)
+    lines.append("Connection: keep-alive" if keep_alive else "Connection: close")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + (response.body if response.status != 204 else b"")
+
+
+def json_response(status: int, body: bytes) -> HttpResponse:
+    return HttpResponse(status, body, "application/json")
+
+
+class Listener:
+    """A listening port: WebSocket paths to dialects, plus HTTP routes."""
+
+    def __init__(self, host: str, port: int, dialects: list[Dialect], http_routes: list[HttpRoute]) -> None:
+        self.host = host
+        self.port = port
+        self.ws_routes: dict[str, Dialect] = {d.path: d for d in dialects}
+        self.http_routes = http_routes
+        self.server: asyncio.AbstractServer | None = None
+
+    def http_route(self, method: str, path: str) -> tuple[HttpRoute | None, bool]:
+        """The route for (method, path), and whether the path exists under another method."""
+        path_known = False
+        for route in self.http_routes:
+            if route.matches(path):
+                if route.method == method:
+                    return route, True
+                path_known = True
+        return None, path_known
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection: HTTP until it upgrades, then a WebSocket bound to a dialect session."""
+
+    def __init__(self, gateway: "Gateway", listener: Listener) -> None:
+        self.gateway = gateway
+        self.listener = listener
+        self.id = 0
+        self.transport: asyncio.Transport | None = None
+        self.remote = ""
+        self.path = ""
+        self.query = ""
+        self.ws: ServerProtocol | None = None
+        self.session: DialectSession | None = None
+        self.dialect: Dialect | None = None
+        self.compressed = False
+        self.max_outbound = 8 << 20
+        self.dropped = 0
+        self.opened_at = time.monotonic()
+        self.last_activity = self.opened_at
+        self.closing_since: float | None = None
+        self._paused = False
+        self._fragments: list[bytes] | None = None
+        self._fragments_text = False
+        # HTTP state
+        self._parser: Any = httptools.HttpRequestParser(self)
+        self._head = bytearray()
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._body = bytearray()
+        self._requests: deque[tuple[HttpRequest, bool]] = deque()
+        self._http_task: asyncio.Task | None = None
+        self._rejected = False
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        self.id = self.gateway.add_connection(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = time.monotonic()
+        if self.ws is not None:
+            self._ws_received(data)
+        elif not self._rejected:
+            self._http_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self.ws is not None:
+            self.ws.receive_eof()
+            self._write_out(self.ws.data_to_send())
+        return None  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gateway.remove_connection(self)
+        if self._http_task is not None:
+            self._http_task.cancel()
+        session, self.session = self.session, None
+        if session is not None:
+            try:
+                session.on_close()
+            except Exception:
+                logger.exception("connection %s: dialect cleanup failed", self.id)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+
+    # -- what a dialect session may call (gateways.dialect.Wire) --------------------------
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._paused
+
+    def outbound_bytes(self) -> int:
+        transport = self.transport
+        return 0 if transport is None or transport.is_closing() else transport.get_write_buffer_size()
+
+    def send_text(self, payload: bytes) -> bool:
+        return self._send(_TEXT, payload)
+
+    def send_binary(self, payload: bytes) -> bool:
+        return self._send(_BINARY, payload)
+
+    def send_frame(self, frame: bytes, opcode: int, payload: bytes) -> bool:
+        """Write a frame prebuilt by :func:`frame_header` (fan-out); falls back when compressed."""
+        ws = self.ws
+        if ws is None or ws.state is not OPEN:
+            return False
+        if self._paused and self.transport.get_write_buffer_size() > self.max_outbound:
+            self.dropped += 1
+            return False
+        if self.compressed:
+            (ws.send_text if opcode == _TEXT else ws.send_binary)(payload)
+            self._write_out(ws.data_to_send())
+        else:
+            self.transport.write(frame)
+        return True
+
+    def _send(self, opcode: int, payload: bytes) -> bool:
+        return self.send_frame(frame_header(opcode, len(payload)) + payload, opcode, payload)
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """Start the closing handshake; the transport closes when the client answers (or times out)."""
+        ws = self.ws
+        if ws is None:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if ws.state is OPEN:
+            ws.send_close(code, reason)
+            self.closing_since = time.monotonic()
+            self._write_out(ws.data_to_send())
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        settings = self.gateway.settings.gateway
+        if self.ws is None:
+            idle = now - self.last_activity
+            if self._http_task is None and idle > settings.handshake_timeout_s:
+                self.transport.close()
+            return
+        if self.ws.state is _CLOSING or self.closing_since is not None:
+            since = self.closing_since or now
+            self.closing_since = since
+            if now - since > settings.close_timeout_s:
+                self.abort()
+            return
+        if self.session is not None:
+            self.session.on_tick(now)
+
+    # -- WebSocket ------------------------------------------------------------------------
+
+    def _ws_received(self, data: bytes) -> None:
+        ws = self.ws
+        ws.receive_data(data)
+        events = ws.events_received()
+        out = ws.data_to_send()
+        if out:
+            self._write_out(out)
+        for frame in events:
+            opcode = frame.opcode
+            if opcode is _TEXT or opcode is _BINARY:
+                if frame.fin:
+                    self._message(frame.data, opcode is _TEXT)
+                else:
+                    self._fragments = [frame.data]
+                    self._fragments_text = opcode is _TEXT
+            elif opcode is _CONT and self._fragments is not None:
+                self._fragments.append(frame.data)
+                if frame.fin:
+                    data, self._fragments = b"".join(self._fragments), None
+                    self._message(data, self._fragments_text)
+            if self.ws.state is not OPEN:
+                break
+
+    def _message(self, data: bytes, is_text: bool) -> None:
+        if is_text:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                self.ws.fail(1007, "invalid UTF-8 in a text frame")
+                self._write_out(self.ws.data_to_send())
+                return
+        session = self.session
+        if session is not None:
+            try:
+                session.on_message(bytes(data), is_text)
+            except Exception:
+                logger.exception("connection %s: dialect failed on a message", self.id)
+                self.close(1011, "internal error")
+
+    def _write_out(self, chunks: list[bytes]) -> None:
+        transport = self.transport
+        for chunk in chunks:
+            if chunk:
+                transport.write(chunk)
+            else:  # websockets' SEND_EOF: the server closes the TCP connection
+                transport.close()
+                return
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    def _http_received(self, data: bytes) -> None:
+        start = len(self._head)
+        self._head += data
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._upgrade(start + upgrade.args[0])
+            return
+        except httptools.HttpParserError:
+            self._reject(400, b'{"error":"bad_request","message":"malformed HTTP request"}')
+            return
+        if not self._rejected and len(self._head) > MAX_HTTP_HEAD_BYTES + self.gateway.settings.gateway.max_http_body_bytes:
+            self._reject(413, b'{"error":"too_large","message":"request too large"}')
+            return
+        if self._requests and self._http_task is None:
+            self._http_task = asyncio.get_running_loop().create_task(self._serve_http())
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._body = bytearray()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        length = next((v for k, v in self._headers if k.lower() == "content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.gateway.settings.gateway.max_http_body_bytes:
+            self._reject(413, b'{"error":"too_large","message":"request body too large"}')
+
+    def on_body(self, body: bytes) -> None:
+        if len(self._body) + len(body) > self.gateway.settings.gateway.max_http_body_bytes:
+            self._reject(413, b'{"error":"too_large","message":"request body too large"}')
+            return
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        if self._rejected or self._parser.should_upgrade():
+            return  # an upgrade is handled when the parser raises HttpParserUpgrade
+        url = httptools.parse_url(self._url)
+        request = HttpRequest(
+            method=self._parser.get_method().decode("latin-1"),
+            path=url.path.decode("latin-1"),
+            query=(url.query or b"").decode("latin-1"),
+            headers=self._headers,
+            body=bytes(self._body),
+            remote=self.remote,
+        )
+        self._requests.append((request, self._parser.should_keep_alive()))
+        self._head = bytearray()
+
+    async def _serve_http(self) -> None:
+        try:
+            while self._requests and not self.transport.is_closing():
+                request, keep_alive = self._requests.popleft()
+                response = await self._answer(request)
+                self.transport.write(encode_http_response(response, keep_alive))
+                if not keep_alive:
+                    self.transport.close()
+                    return
+        finally:
+            self._http_task = None
+            self.last_activity = time.monotonic()
+
+    async def _answer(self, request: HttpRequest) -> HttpResponse:
+        route, path_known = self.listener.http_route(request.method, request.path)
+        if route is None:
+            if path_known or request.path in self.listener.ws_routes:
+                status, body = 405, b'{"error":"method_not_allowed","message":"method not allowed on this path"}'
+                if request.path in self.listener.ws_routes:
+                    status, body = 426, b'{"error":"upgrade_required","message":"this path is a WebSocket endpoint"}'
+                return json_response(status, body)
+            return json_response(404, b'{"error":"not_found","message":"no such endpoint"}')
+        try:
+            return await route.handler(request)
+        except Exception:
+            logger.exception("HTTP %s %s failed", request.method, request.path)
+            return json_response(500, b'{"error":"internal_error","message":"internal error"}')
+
+    def _reject(self, status: int, body: bytes) -> None:
+        if self._rejected:
+            return
+        self._rejected = True
+        self.transport.write(encode_http_response(json_response(status, body), keep_alive=False))
+        self.transport.close()
+
+    def _upgrade(self, head_end: int) -> None:
+        raw = bytes(self._head)
+        self._head = bytearray()
+        head, rest = raw[:head_end], raw[head_end:]
+        path = httptools.parse_url(self._url).path.decode("latin-1")
+        dialect = self.listener.ws_routes.get(path)
+        if dialect is None:
+            self._reject(404, b'{"error":"not_found","message":"no WebSocket endpoint on this path"}')
+            return
+        extensions = [ServerPerMessageDeflateFactory()] if self.gateway.settings.gateway.compression else None
+        ws = ServerProtocol(extensions=extensions, max_size=dialect.max_frame_bytes)
+        ws.receive_data(head)
+        events = ws.events_received()
+        if not events:  # websockets could not parse what llhttp accepted
+            self._reject(400, b'{"error":"bad_request","message":"malformed upgrade request"}')
+            return
+        request = events[0]
+        response = ws.accept(request)
+        ws.send_response(response)
+        self._write_out(ws.data_to_send())
+        if ws.state is not OPEN:
+            self.transport.close()
+            return
+        url = httptools.parse_url(self._url)
+        self.path = path
+        self.query = (url.query or b"").decode("latin-1")
+        self.ws = ws
+        self.dialect = dialect
+        self.compressed = bool(ws.extensions)
+        self.max_outbound = dialect.max_outbound_bytes
+        self._parser = None
+        self.session = dialect.open_session(self, request.headers)
+        if rest:
+            self._ws_received(rest)

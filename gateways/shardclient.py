@@ -1,0 +1,300 @@
+"""The gateway's side of the actor hops: batched commands out, ordered deliveries in.
+
+Commands to one shard are coalesced into one Ray call: a batch is sent on the next event-loop
+turn (so everything that arrived in one read cycle travels together) or as soon as it holds
+``batch_max`` commands. At most ``max_inflight_batches`` calls are out per shard; while they are,
+new commands accumulate, so batches grow with load instead of calls piling up.
+
+Results come back per command, in order, to a callback (or a future for code that awaits).
+Deliveries come back as bundles, either inside a batch's result (those for this gateway) or
+pushed by shards; :class:`DeliverySequencer` puts each shard's bundles back in emission order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Callable
+
+from router.errors import ShardUnavailable
+from router.shardmap import shard_index
+
+logger = logging.getLogger(__name__)
+
+Callback = Callable[[Any], None]
+
+
+class _Batch:
+    __slots__ = ("callbacks", "done", "results", "bundle", "abandoned", "timer", "size")
+
+    def __init__(self, callbacks: list[Callback | None]) -> None:
+        self.callbacks = callbacks
+        self.size = len(callbacks)
+        self.done = False
+        self.abandoned = False
+        self.results: Any = None
+        self.bundle: Any = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class ShardLink:
+    """The outbox and in-flight batches of one shard actor."""
+
+    __slots__ = ("name", "handle", "commands", "callbacks", "inflight", "scheduled")
+
+    def __init__(self, name: str, handle: Any) -> None:
+        self.name = name
+        self.handle = handle
+        self.commands: list[tuple] = []
+        self.callbacks: list[Callback | None] = []
+        self.inflight: deque[_Batch] = deque()
+        self.scheduled = False
+
+
+class ShardClient:
+    def __init__(
+        self,
+        gateway_id: str,
+        shards: dict[str, list[tuple[str, Any]]],
+        loop: asyncio.AbstractEventLoop,
+        on_bundle: Callable[[tuple], None],
+        batch_max: int,
+        max_inflight: int,
+        timeout_s: float,
+        on_backlog: Callable[[bool], None] | None = None,
+        max_pending: int = 200_000,
+    ) -> None:
+        self.gateway_id = gateway_id
+        self.links = {kind: [ShardLink(name, handle) for name, handle in pairs] for kind, pairs in shards.items()}
+        self.loop = loop
+        self.on_bundle = on_bundle
+        self.batch_max = batch_max
+        self.max_inflight = max_inflight
+        self.timeout_s = timeout_s
+        self.on_backlog = on_backlog
+        self.max_pending = max_pending
+        self.pending = 0  # commands not yet answered
+        self.backlogged = False
+        self.batches_sent = 0
+        self.commands_sent = 0
+
+    # -- addressing -----------------------------------------------------------------------
+
+    def link(self, kind: str, key: str) -> ShardLink:
+        links = self.links[kind]
+        return links[shard_index(key, len(links))]
+
+    def all(self, kind: str) -> list[ShardLink]:
+        return self.links[kind]
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, link: ShardLink, command: tuple, callback: Callback | None = None) -> None:
+        """Queue ``command``; ``callback(result)`` runs with its result (or a ShardUnavailable)."""
+        link.commands.append(command)
+        link.callbacks.append(callback)
+        self.pending += 1
+        if len(link.commands) >= self.batch_max:
+            self._flush(link)
+        elif not link.scheduled:
+            link.scheduled = True
+            self.loop.call_soon(self._flush_scheduled, link)
+        if not self.backlogged and self.pending > self.max_pending:
+            self.backlogged = True
+            if self.on_backlog is not None:
+                self.on_backlog(True)
+
+    def request(self, link: ShardLink, command: tuple) -> asyncio.Future:
+        future = self.loop.create_future()
+
+        def resolve(result: Any) -> None:
+            if future.done():
+                return
+            if isinstance(result, ShardUnavailable):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self.send(link, command, resolve)
+        return future
+
+    async def gather(self, kind: str, command: tuple) -> list[Any]:
+        """Send ``command`` to every shard of ``kind``; results in shard order."""
+        return list(await asyncio.gather(*(self.request(link, command) for link in self.links[kind])))
+
+    def _flush_scheduled(self, link: ShardLink) -> None:
+        link.scheduled = False
+        self._flush(link)
+
+    def _flush(self, link: ShardLink) -> None:
+        while link.commands and len(link.inflight) < self.max_inflight:
+            commands, callbacks = link.commands[: self.batch_max], link.callbacks[: self.batch_max]
+            del link.commands[: self.batch_max]
+            del link.callbacks[: self.batch_max]
+            batch = _Batch(callbacks)
+            link.inflight.append(batch)
+            self.batches_sent += 1
+            self.commands_sent += len(commands)
+            try:
+                ref = link.handle.handle.remote(self.gateway_id, commands)
+            except Exception as error:  # the handle itself is unusable
+                batch.results = ShardUnavailable(f"{link.name}: {error}")
+                batch.done = True
+                self._drain(link)
+                continue
+            batch.timer = self.loop.call_later(self.timeout_s, self._timed_out, link, batch)
+            ref.future().add_done_callback(
+                lambda future, link=link, batch=batch: self.loop.call_soon_threadsafe(
+                    self._completed, link, batch, future
+                )
+            )
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def _completed(self, link: ShardLink, batch: _Batch, future: Any) -> None:
+        if batch.timer is not None:
+            batch.timer.cancel()
+        try:
+            results, bundle = future.result()
+        except Exception as error:
+            results, bundle = ShardUnavailable(f"{link.name} unavailable: {type(error).__name__}"), None
+        if batch.abandoned:
+            # Its callbacks were already told it timed out, but its deliveries still count:
+            # the sequencer expects every bundle a shard emits.
+            if bundle is not None:
+                self.on_bundle(bundle)
+            return
+        batch.results, batch.bundle, batch.done = results, bundle, True
+        self._drain(link)
+
+    def _timed_out(self, link: ShardLink, batch: _Batch) -> None:
+        if batch.done:
+            return
+        batch.abandoned = True
+        try:
+            link.inflight.remove(batch)
+        except ValueError:
+            pass
+        self._answer(batch.callbacks, ShardUnavailable(f"{link.name} did not answer in {self.timeout_s:g}s", True))
+        self._flush(link)
+
+    def _drain(self, link: ShardLink) -> None:
+        """Hand results over in the order the batches were sent."""
+        inflight = link.inflight
+        while inflight and inflight[0].done:
+            batch = inflight.popleft()
+            results = batch.results
+            if isinstance(results, ShardUnavailable):
+                self._answer(batch.callbacks, results)
+            else:
+                self.pending -= batch.size
+                for callback, result in zip(batch.callbacks, results):
+                    if callback is not None:
+                        try:
+                            callback(result)
+                        except Exception:
+                            logger.exception("result callback failed")
+            if batch.bundle is not None:
+                self.on_bundle(batch.bundle)
+        self._check_backlog()
+        if link.commands:
+            self._flush(link)
+
+    def _answer(self, callbacks: list[Callback | None], error: ShardUnavailable) -> None:
+        self.pending -= len(callbacks)
+        for callback in callbacks:
+            if callback is not None:
+                try:
+                    callback(error)
+                except Exception:
+                    logger.exception("error callback failed")
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        if self.backlogged and self.pending < self.max_pending // 2:
+            self.backlogged = False
+            if self.on_backlog is not None:
+                self.on_backlog(False)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "batches": self.batches_sent,
+            "commands": self.commands_sent,
+            "mean_batch": round(self.commands_sent / self.batches_sent, 2) if self.batches_sent else 0.0,
+        }
+
+
+class DeliverySequencer:
+    """Applies each shard's delivery bundles in the order the shard emitted them.
+
+    A bundle that arrives early waits for the ones before it; if a gap lasts longer than
+    ``timeout_s`` (a bundle was lost, e.g. its call failed), the sequencer skips past it and
+    counts the skip. A new epoch (the shard restarted) starts a fresh sequence.
+    """
+
+    def __init__(self, apply: Callable[[list], None], timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
+        self.apply = apply
+        self.timeout_s = timeout_s
+        self.loop = loop
+        self._sources: dict[str, list] = {}  # source -> [epoch, expected seq, {seq: items}, timer]
+        self.skipped = 0
+        self.stale = 0
+
+    def accept(self, bundle: tuple) -> None:
+        source, epoch, seq, items = bundle
+        state = self._sources.get(source)
+        if state is None or state[0] != epoch:
+            if state is not None and state[3] is not None:
+                state[3].cancel()
+            state = [epoch, 0, {}, None]
+            self._sources[source] = state
+        expected = state[1]
+        if seq == expected:
+            self._apply(items)
+            state[1] = expected + 1
+            if state[2]:
+                self._drain(state)
+        elif seq > expected:
+            state[2][seq] = items
+            if state[3] is None:
+                state[3] = self.loop.call_later(self.timeout_s, self._gap_expired, source)
+        else:
+            self.stale += 1
+
+    def _drain(self, state: list) -> None:
+        waiting = state[2]
+        while state[1] in waiting:
+            self._apply(waiting.pop(state[1]))
+            state[1] += 1
+        if not waiting and state[3] is not None:
+            state[3].cancel()
+            state[3] = None
+
+    def _gap_expired(self, source: str) -> None:
+        state = self._sources.get(source)
+        if state is None:
+            return
+        state[3] = None
+        if not state[2]:
+            return
+        first = min(state[2])
+        self.skipped += first - state[1]
+        logger.warning("deliveries from %s: gap of %d bundle(s) skipped", source, first - state[1])
+        state[1] = first
+        self._drain(state)
+        if state[2] and state[3] is None:
+            state[3] = self.loop.call_later(self.timeout_s, self._gap_expired, source)
+
+    def _apply(self, items: list) -> None:
+        try:
+            self.apply(items)
+        except Exception:
+            logger.exception("applying deliveries failed")
+
+    def forget(self, source: str) -> None:
+        state = self._sources.pop(source, None)
+        if state is not None and state[3] is not None:
+            state[3].cancel()
+

@@ -1,0 +1,1 @@
+"""Signal Hub dialect (signal-hub-protocol.md)."""

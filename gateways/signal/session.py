@@ -1,0 +1,560 @@
+"""Signal Hub: one connection's state machine, and the dialect that serves it.
+
+Per connection: connect (version, JWT) -> connected -> disconnect/close. Each message passes, in
+this order and before any expensive work: the size check (on the raw frame), the rate limit
+(token bucket), JSON parsing, envelope validation, TTL expiry, authentication and capability.
+
+Replies leave in the order the requests came (a request answered by a shard holds a slot in the
+reply queue); messages delivered from other actors are written as they arrive.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import secrets
+import time
+from collections import deque
+from typing import Any, Callable
+
+from actors.shards import DELIVER_TEXT
+from gateways.dialect import Dialect, DialectSession, Wire
+from gateways.signal import codec
+from gateways.signal.auth import AuthError, Identity, TokenVerifier
+from gateways.signal.codec import Request, SignalError
+from router.config import SignalHubConfig
+from router.errors import CommandError, ShardUnavailable
+from router.patterns import PatternError, compile_pattern
+from router.ratelimit import TokenBucket
+from router.shardmap import REGISTRY, SESSION, TOPIC
+
+logger = logging.getLogger(__name__)
+
+DIALECT = "signal"
+_EMPTY = b""  # a reply slot that ends without a frame
+
+# Which capability each message type needs (auth enabled or not; anonymous sessions get
+# `anonymous_capabilities`). Connection control needs none.
+REQUIRED_CAPABILITY = {
+    "hub:register": "receive",
+    "hub:renew": "receive",
+    "hub:discover": "discover",
+    "hub:list_actors": "discover",
+    "hub:send": "send",
+    "hub:broadcast": "broadcast",
+    "hub:subscribe": "subscribe",
+    "hub:unsubscribe": "subscribe",
+    "hub:publish": "publish",
+}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def topic_key(topic: str) -> str:
+    """Signal Hub topics live under ``signal/`` in the core topic namespace."""
+    return "signal/" + topic
+
+
+class SignalHubDialect(Dialect):
+    name = DIALECT
+
+    def __init__(self, gateway: Any, config: SignalHubConfig) -> None:
+        super().__init__(gateway)
+        self.config = config
+        self.verifier = TokenVerifier(config.auth) if config.auth.enabled else None
+        self.hub = config.hub_address
+        burst = config.rate_limit_burst or max(1, int(config.rate_limit_per_minute))
+        self.bucket_rate = config.rate_limit_per_minute / 60.0
+        self.bucket_capacity = float(burst)
+        self.sessions: set[SignalSession] = set()
+
+    @property
+    def path(self) -> str:
+        return self.config.path
+
+    @property
+    def port(self) -> int | None:
+        return self.config.port
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.config.max_frame_bytes
+
+    @property
+    def max_outbound_bytes(self) -> int:
+        return self.config.max_outbound_bytes
+
+    def open_session(self, wire: Wire, request_headers: Any) -> "SignalSession":
+        session = SignalSession(self, wire)
+        self.sessions.add(session)
+        return session
+
+    def stats(self) -> dict[str, Any]:
+        return {"connections": len(self.sessions), "connected": sum(1 for s in self.sessions if s.connected)}
+
+
+class SignalSession(DialectSession):
+    def __init__(self, dialect: SignalHubDialect, wire: Wire) -> None:
+        self.dialect = dialect
+        self.config = dialect.config
+        self.hub = dialect.hub
+        self.wire = wire
+        self.shards = dialect.gateway.shards
+        self.session_id: str | None = None
+        self.identity: str | None = None
+        self.capabilities: frozenset[str] = frozenset()
+        self.token_expires_ms: int | None = None
+        self.closing = False
+        self.cleaned = False
+        self.last_seen = time.monotonic()
+        self.bucket = TokenBucket(dialect.bucket_rate, dialect.bucket_capacity, self.last_seen)
+        self.replies: deque[list] = deque()
+        self.in_flight = 0
+        self.processed = 0
+        self.failed = 0
+        self._handlers: dict[str, Callable[[Request], None]] = {
+            "hub:connect": self._connect,
+            "hub:heartbeat": self._heartbeat,
+            "hub:disconnect": self._disconnect,
+            "hub:register": self._register,
+            "hub:unregister": self._unregister,
+            "hub:renew": self._renew,
+            "hub:discover": self._discover,
+            "hub:list_actors": self._list_actors,
+            "hub:send": self._send,
+            "hub:broadcast": self._broadcast,
+            "hub:subscribe": self._subscribe,
+            "hub:publish": self._publish,
+            "hub:unsubscribe": self._unsubscribe,
+            "hub:queue_stats": self._queue_stats,
+        }
+
+    @property
+    def connected(self) -> bool:
+        return self.session_id is not None
+
+    # -- transport events -----------------------------------------------------------------
+
+    def on_message(self, data: bytes, is_text: bool) -> None:
+        now = time.monotonic()
+        self.last_seen = now
+        if self.closing:
+            return
+        self.processed += 1
+        if len(data) > self.config.max_message_bytes:
+            self._refuse(SignalError(
+                codec.MESSAGE_TOO_LARGE,
+                f"Message of {len(data)} bytes exceeds the limit of {self.config.max_message_bytes} bytes",
+                {"size": len(data), "maxSize": self.config.max_message_bytes},
+            ))
+            return
+        wait = self.bucket.take(now)
+        if wait:
+            limit = self.config.rate_limit_per_minute
+            self._refuse(SignalError(
+                codec.RATE_LIMITED,
+                f"Rate limit of {limit:g} messages per minute exceeded",
+                {"retryAfter": TokenBucket.retry_after_ms(wait), "limit": limit, "window": "1m"},
+            ))
+            return
+        try:
+            request = codec.decode(data)
+            self._check(request)
+            self._handlers[request.type](request)
+        except SignalError as error:
+            self._refuse(error)
+
+    def on_tick(self, now: float) -> None:
+        if not self.closing and now - self.last_seen > self.config.heartbeat_timeout_s:
+            self.closing = True
+            self._cleanup()
+            self.wire.close(1001, "heartbeat timeout")
+
+    def on_close(self) -> None:
+        self.closing = True
+        self.dialect.sessions.discard(self)
+        self._cleanup()
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _check(self, request: Request) -> None:
+        """Expiry, connection state, token lifetime, identity and capability, in that order."""
+        now = now_ms()
+        if codec.is_expired(request, now):
+            raise SignalError(codec.MESSAGE_EXPIRED, "Message TTL exceeded before it reached the hub",
+                              {"timestamp": request.timestamp, "ttl": request.ttl, "serverTime": now},
+                              request.reply_id, request.sender)
+        if request.type == "hub:connect":
+            return
+        if not self.connected:
+            raise SignalError(codec.UNAUTHORIZED, "Send hub:connect first", None, request.reply_id, request.sender)
+        if request.type == "hub:disconnect":
+            return
+        if self.token_expires_ms is not None and now >= self.token_expires_ms:
+            raise SignalError(codec.UNAUTHORIZED, "JWT expired; reconnect with a fresh token",
+                              {"expiredAt": self.token_expires_ms}, request.reply_id, request.sender)
+        if self.dialect.verifier is not None and request.sender != self.identity:
+            raise SignalError(codec.UNAUTHORIZED, f"'from' must be the authenticated actor {self.identity}",
+                              {"actorId": self.identity, "from": request.sender}, request.reply_id, request.sender)
+        needed = REQUIRED_CAPABILITY.get(request.type)
+        if needed is not None and needed not in self.capabilities:
+            raise SignalError(codec.UNAUTHORIZED, f"Missing capability '{needed}' for {request.type}",
+                              {"required": needed, "capabilities": sorted(self.capabilities)},
+                              request.reply_id, request.sender)
+
+    # -- replies --------------------------------------------------------------------------
+
+    def _reply(self, request: Request, kind: str, payload: dict[str, Any]) -> None:
+        self._write_in_order(codec.encode(kind, self.hub, request.sender, payload, request.reply_id))
+
+    def _refuse(self, error: SignalError) -> None:
+        self.failed += 1
+        to = error.reply_to or self.identity
+        self._write_in_order(codec.encode_error(self.hub, to, error.code, error.message, error.details, error.reply_id))
+
+    def _write_in_order(self, frame: bytes) -> None:
+        if self.replies:
+            self.replies.append([frame])
+        else:
+            self.wire.send_text(frame)
+
+    def _slot(self) -> list:
+        slot: list = [None]
+        self.replies.append(slot)
+        self.in_flight += 1
+        return slot
+
+    def _fill(self, slot: list, frame: bytes) -> None:
+        slot[0] = frame
+        self.in_flight -= 1
+        replies = self.replies
+        while replies and replies[0][0] is not None:
+            frame = replies.popleft()[0]
+            if frame:
+                self.wire.send_text(frame)
+
+    def _fill_error(self, slot: list, request: Request, error: SignalError) -> None:
+        self.failed += 1
+        self._fill(slot, codec.encode_error(self.hub, request.sender, error.code, error.message, error.details,
+                                            request.reply_id))
+
+    def _shard_failure(self, result: Any, request: Request) -> SignalError:
+        if isinstance(result, ShardUnavailable) and result.timed_out:
+            return SignalError(codec.TIMEOUT, f"{request.type} timed out; retry with backoff",
+                               {"timeoutMs": int(self.config.request_timeout_s * 1000)})
+        if isinstance(result, ShardUnavailable):
+            return SignalError(codec.INTERNAL_ERROR, "The router could not complete the request; retry",
+                               {"reason": "shard_unavailable"})
+        assert isinstance(result, CommandError)
+        code = {
+            "conflict": codec.UNKNOWN_ACTOR,  # the spec reuses unknown_actor for conflicts
+            "unknown_actor": codec.UNKNOWN_ACTOR,
+            "not_owner": codec.UNAUTHORIZED,
+            "bad_renewal_token": codec.UNAUTHORIZED,
+            "registry_full": codec.RATE_LIMITED,
+        }.get(result.code, codec.INTERNAL_ERROR)
+        details = dict(result.details)
+        if code == codec.INTERNAL_ERROR:
+            details.setdefault("reason", result.code)
+        return SignalError(code, result.message, details or None)
+
+    def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[[Any], dict | None],
+             reply_type: str) -> None:
+        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` in order."""
+        slot = self._slot()
+
+        def done(result: Any) -> None:
+            if isinstance(result, (CommandError, ShardUnavailable)):
+                self._fill_error(slot, request, self._shard_failure(result, request))
+                return
+            payload = on_result(result)
+            self._fill(slot, _EMPTY if payload is None else
+                       codec.encode(reply_type, self.hub, request.sender, payload, request.reply_id))
+
+        shards = self.shards
+        shards.send(shards.link(kind, key), command, done)
+
+    def _ask_all(self, request: Request, kind: str, command: tuple,
+                 on_results: Callable[[list], dict], reply_type: str) -> None:
+        """Send ``command`` to every shard of ``kind``; reply once all have answered."""
+        slot = self._slot()
+        links = self.shards.all(kind)
+        results: list[Any] = [None] * len(links)
+        remaining = [len(links)]
+
+        def collect(index: int, result: Any) -> None:
+            results[index] = result
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+            failure = next((r for r in results if isinstance(r, (CommandError, ShardUnavailable))), None)
+            if failure is not None:
+                self._fill_error(slot, request, self._shard_failure(failure, request))
+            else:
+                self._fill(slot, codec.encode(reply_type, self.hub, request.sender, on_results(results),
+                                              request.reply_id))
+
+        for index, link in enumerate(links):
+            self.shards.send(link, command, lambda result, index=index: collect(index, result))
+
+    def _tell(self, kind: str, key: str, command: tuple) -> None:
+        shards = self.shards
+        shards.send(shards.link(kind, key), command)
+
+    # -- connection lifecycle -------------------------------------------------------------
+
+    def _connect(self, request: Request) -> None:
+        payload = request.payload
+        version = payload.get("version")
+        expected = self.config.protocol_version
+        if version != expected:
+            raise SignalError(codec.VERSION_MISMATCH, f"Protocol version {expected} required, got {version}",
+                              {"expected": expected, "received": version}, request.reply_id, request.sender)
+        identity = self._authenticate(request)
+        if self.connected and identity.actor_id != self.identity:
+            raise SignalError(codec.UNAUTHORIZED, f"This connection is bound to {self.identity}",
+                              {"actorIdentity": self.identity}, request.reply_id, request.sender)
+        self.identity = identity.actor_id
+        self.capabilities = frozenset(identity.capabilities)
+        self.token_expires_ms = identity.expires_at_ms
+        if self.session_id is None:
+            self.session_id = "sess_" + secrets.token_hex(12)
+        self._tell(SESSION, self.session_id, ("open", self.session_id, DIALECT, self.wire.id, self.identity,
+                                              list(identity.capabilities)))
+        self._reply(request, "hub:connected", {
+            "sessionId": self.session_id,
+            "actorIdentity": self.identity,
+            "capabilities": list(identity.capabilities),
+            "serverTime": now_ms(),
+        })
+
+    def _authenticate(self, request: Request) -> Identity:
+        verifier = self.dialect.verifier
+        if verifier is None:
+            return Identity(request.sender, tuple(self.config.anonymous_capabilities), None)
+        token = request.payload.get("jwt")
+        if not isinstance(token, str) or not token:
+            raise SignalError(codec.UNAUTHORIZED, "A JWT is required (payload.jwt)", None,
+                              request.reply_id, request.sender)
+        try:
+            identity = verifier.verify(token)
+        except AuthError as error:
+            raise SignalError(codec.UNAUTHORIZED, str(error), None, request.reply_id, request.sender) from None
+        actor_id = codec.normalize_address(identity.actor_id)
+        if actor_id != request.sender:
+            raise SignalError(codec.UNAUTHORIZED, "JWT actorId does not match 'from'",
+                              {"actorId": identity.actor_id, "from": request.sender},
+                              request.reply_id, request.sender)
+        return Identity(actor_id, identity.capabilities, identity.expires_at_ms)
+
+    def _heartbeat(self, request: Request) -> None:
+        self._reply(request, "hub:heartbeat_ack", {"serverTime": now_ms()})
+
+    def _disconnect(self, request: Request) -> None:
+        self.closing = True
+        # The ack is written before the close frame (spec 3.1), so the client receives it.
+        self._cleanup_then(request, self.session_id, lambda: self.wire.close(1000, "disconnect"))
+
+    def _cleanup_then(self, request: Request, session_id: str | None, then: Callable[[], None]) -> None:
+        """Purge the connection from every topic and registry shard, reply, then ``then()``."""
+        slot = self._slot()
+        links = [(link, ("purge", self.wire.id)) for link in self.shards.all(TOPIC) + self.shards.all(REGISTRY)]
+        if session_id is not None:
+            links.append((self.shards.link(SESSION, session_id), ("close", session_id)))
+        remaining = [len(links)]
+        ok = [True]
+
+        def collect(result: Any) -> None:
+            if isinstance(result, (CommandError, ShardUnavailable)):
+                ok[0] = False
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+            self._fill(slot, codec.encode("hub:disconnect_ack", self.hub, request.sender,
+                                          {"sessionId": session_id, "cleanedUp": ok[0]}, request.reply_id))
+            then()
+
+        self.cleaned = True
+        for link, command in links:
+            self.shards.send(link, command, collect)
+
+    def _cleanup(self) -> None:
+        """Fire-and-forget purge when the connection ends without hub:disconnect."""
+        if self.cleaned:
+            return
+        self.cleaned = True
+        for link in self.shards.all(TOPIC) + self.shards.all(REGISTRY):
+            self.shards.send(link, ("purge", self.wire.id))
+        if self.session_id is not None:
+            self._tell(SESSION, self.session_id, ("close", self.session_id))
+
+    # -- registration ---------------------------------------------------------------------
+
+    def _register(self, request: Request) -> None:
+        payload = request.payload
+        address = codec.address_field(payload, "actorAddress", request.sender)
+        if self.dialect.verifier is not None and address != self.identity:
+            raise SignalError(codec.UNAUTHORIZED, f"The token allows registering {self.identity} only",
+                              {"actorId": self.identity, "actorAddress": address})
+        config = self.config
+        capabilities = codec.string_list_field(payload, "capabilities", config.max_capabilities)
+        metadata = codec.object_field(payload, "metadata", config.max_metadata_bytes)
+        ttl = min(codec.int_field(payload, "ttl", config.default_ttl_ms, 1, 2**53), config.max_ttl_ms)
+        session_id = self.session_id
+
+        def registered(registration: Any) -> dict:
+            self._tell(SESSION, session_id, ("record", session_id, "registration", address, True))
+            return {
+                "actorAddress": registration.address,
+                "renewalToken": registration.renewal_token,
+                "expiresAt": registration.expires_at,
+                "version": registration.version,
+            }
+
+        self._ask(request, REGISTRY, address,
+                  ("register", address, self.wire.id, session_id, capabilities, metadata, ttl),
+                  registered, "hub:registered")
+
+    def _unregister(self, request: Request) -> None:
+        address = codec.address_field(request.payload, "actorAddress", request.sender)
+        session_id = self.session_id
+
+        def unregistered(at: int) -> dict:
+            self._tell(SESSION, session_id, ("record", session_id, "registration", address, False))
+            return {"actorAddress": address, "unregisteredAt": at}
+
+        self._ask(request, REGISTRY, address, ("unregister", address, self.wire.id), unregistered,
+                  "hub:unregistered")
+
+    def _renew(self, request: Request) -> None:
+        payload = request.payload
+        address = codec.address_field(payload, "actorAddress", request.sender)
+        token = codec.string_field(payload, "renewalToken", 256)
+        config = self.config
+        ttl = min(codec.int_field(payload, "ttl", config.default_ttl_ms, 1, 2**53), config.max_ttl_ms)
+        self._ask(request, REGISTRY, address, ("renew", address, self.wire.id, token, ttl),
+                  lambda r: {"actorAddress": r.address, "expiresAt": r.expires_at,
+                             "newRenewalToken": r.renewal_token},
+                  "hub:renewed")
+
+    # -- discovery ------------------------------------------------------------------------
+
+    def _discover(self, request: Request) -> None:
+        payload = request.payload
+        config = self.config
+        pattern = payload.get("pattern")
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                raise codec.invalid("payload.pattern must be a string", field="payload.pattern")
+            try:
+                compile_pattern(pattern, config.max_pattern_length)
+            except PatternError as error:
+                raise codec.invalid(str(error), "invalid_pattern", field="payload.pattern") from None
+        capabilities = codec.string_list_field(payload, "capabilities", config.max_capabilities)
+        metadata = codec.object_field(payload, "metadata", config.max_metadata_bytes)
+        self._query(request, pattern, capabilities, metadata)
+
+    def _list_actors(self, request: Request) -> None:
+        self._query(request, None, [], {})
+
+    def _query(self, request: Request, pattern: str | None, capabilities: list[str], metadata: dict) -> None:
+        config = self.config
+        limit = codec.int_field(request.payload, "limit", config.discover_default_limit, 1, config.discover_max_limit)
+        offset = codec.int_field(request.payload, "offset", 0, 0, config.max_discover_offset)
+        window = offset + limit
+
+        def merge(results: list) -> dict:
+            total = sum(count for count, _ in results)
+            ordered = heapq.merge(*(page for _, page in results), key=lambda r: r.address)
+            page = [r.describe() for _, r in zip(range(window), ordered)][offset:]
+            return {"actors": page, "count": len(page), "hasMore": offset + len(page) < total,
+                    "totalMatches": total}
+
+        self._ask_all(request, REGISTRY, ("discover", pattern, capabilities, metadata or None, window), merge,
+                      "hub:discovery_result")
+
+    # -- messaging ------------------------------------------------------------------------
+
+    def _send(self, request: Request) -> None:
+        target = request.payload.get("to")
+        target = codec.normalize_address(target) if target is not None else request.to
+        if target is None:
+            raise codec.invalid("hub:send needs a target address in 'to' (or payload.to)", "invalid_address",
+                                field="to")
+        reply_id, sender = request.reply_id, request.sender
+
+        def sent(result: Any) -> None:
+            if result is True:
+                return
+            if isinstance(result, (CommandError, ShardUnavailable)):
+                error = self._shard_failure(result, request)
+            else:
+                error = SignalError(codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected",
+                                    {"targetActor": target})
+            self.failed += 1
+            self._write_in_order(codec.encode_error(self.hub, sender, error.code, error.message, error.details,
+                                                    reply_id))
+
+        shards = self.shards
+        shards.send(shards.link(REGISTRY, target), ("send", target, request.raw, DELIVER_TEXT), sent)
+
+    def _broadcast(self, request: Request) -> None:
+        exclude_self = request.payload.get("excludeSelf", False)
+        if not isinstance(exclude_self, bool):
+            raise codec.invalid("payload.excludeSelf must be a boolean", field="payload.excludeSelf")
+        exclude = self.wire.id if exclude_self else None
+
+        def counted(results: list[int]) -> dict:
+            total = sum(results)
+            return {"recipientCount": total, "successCount": total, "failureCount": 0}
+
+        self._ask_all(request, REGISTRY, ("broadcast", request.raw, DELIVER_TEXT, exclude), counted,
+                      "hub:broadcast_ack")
+
+    # -- pub/sub --------------------------------------------------------------------------
+
+    def _topic(self, request: Request) -> str:
+        return codec.string_field(request.payload, "topic", self.config.max_topic_length)
+
+    def _subscribe(self, request: Request) -> None:
+        topic = self._topic(request)
+        address = request.payload.get("actorAddress", request.sender)
+        address = codec.normalize_address(address) or request.sender
+        session_id = self.session_id
+
+        def subscribed(_: bool) -> dict:
+            self._tell(SESSION, session_id, ("record", session_id, "subscription", topic, True))
+            return {"topic": topic, "subscribedAt": now_ms()}
+
+        key = topic_key(topic)
+        self._ask(request, TOPIC, key, ("sub", key, self.wire.id, address), subscribed, "hub:subscribed")
+
+    def _unsubscribe(self, request: Request) -> None:
+        topic = self._topic(request)
+        session_id = self.session_id
+
+        def unsubscribed(_: bool) -> dict:
+            self._tell(SESSION, session_id, ("record", session_id, "subscription", topic, False))
+            return {"topic": topic, "unsubscribedAt": now_ms()}
+
+        key = topic_key(topic)
+        self._ask(request, TOPIC, key, ("unsub", key, self.wire.id), unsubscribed, "hub:unsubscribed")
+
+    def _publish(self, request: Request) -> None:
+        topic = self._topic(request)
+        key = topic_key(topic)
+        self._ask(request, TOPIC, key, ("pub", key, request.raw, DELIVER_TEXT, None),
+                  lambda count: {"topic": topic, "subscriberCount": count, "deliveredCount": count},
+                  "hub:delivery_ack")
+
+    # -- flow control ---------------------------------------------------------------------
+
+    def _queue_stats(self, request: Request) -> None:
+        self._reply(request, "hub:queue_stats_result", {
+            "pending": self.in_flight,
+            "processed": self.processed,
+            "failed": self.failed + self.wire.dropped,
+            "paused": self.wire.writing_paused,
+        })

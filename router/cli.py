@@ -1,0 +1,147 @@
+"""``router`` command line: serve, status, config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any, Sequence
+
+from router import __version__
+from router.config import ConfigError, RouterSettings, load_settings
+
+logger = logging.getLogger("router")
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> RouterSettings:
+    overrides = {
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "gateways": getattr(args, "gateways", None),
+        "ray_address": getattr(args, "address", None),
+        "namespace": getattr(args, "namespace", None),
+        **extra,
+    }
+    return load_settings(getattr(args, "config", None), **overrides)
+
+
+def _print_endpoints(settings: RouterSettings, endpoints: list[dict[str, Any]]) -> None:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    for gateway in endpoints:
+        for listener in gateway["listeners"]:
+            port = listener["port"]
+            for dialect, path in sorted(listener["websocket"].items()):
+                print(f"  {dialect:<8} ws://{host}:{port}{path}   (gateway {gateway['gateway']})", flush=True)
+            print(f"  {'health':<8} http://{host}:{port}/health", flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from router.runtime import Router  # imports Ray: keep `router --help` fast
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stop.set()
+
+    router = Router(settings)
+    mode = f"joining Ray at {settings.ray_address}" if settings.ray_address else "embedded Ray"
+    print(f"router {__version__}: starting ({mode}, namespace {settings.namespace!r})", flush=True)
+    try:
+        endpoints = router.start()
+    except Exception as error:
+        print(f"router: failed to start: {error}", file=sys.stderr, flush=True)
+        router.stop()
+        return 1
+    print("router: ready", flush=True)
+    _print_endpoints(settings, endpoints)
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        while not stop.is_set():
+            router.supervise(timeout=0.5)
+    finally:
+        print("router: shutting down", flush=True)
+        router.stop()
+        print("router: stopped", flush=True)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    import ray
+
+    from router.runtime import cluster_status
+
+    ray.init(address=settings.ray_address or "auto", namespace=settings.namespace, logging_level=logging.WARNING)
+    try:
+        status = cluster_status(settings.namespace)
+    finally:
+        ray.shutdown()
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    print(f"namespace {status['namespace']}: {len(status['gateways'])} gateway(s), {len(status['shards'])} shard(s)")
+    for gateway in status["gateways"]:
+        ports = ",".join(str(listener["port"]) for listener in gateway["listeners"])
+        print(f"  gateway {gateway['gateway']:<22} ports {ports:<12} connections {gateway['connections']:>6}"
+              f"  delivered {gateway['delivered']:>10}")
+    for shard in sorted(status["shards"], key=lambda s: s["name"]):
+        sizes = ", ".join(f"{k} {v}" for k, v in shard.items()
+                          if k not in ("name", "kind", "epoch", "batches", "commands") and not isinstance(v, dict))
+        print(f"  {shard['name']:<18} batches {shard['batches']:>8}  commands {shard['commands']:>10}  {sizes}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    print(settings.model_dump_json(indent=2, exclude={"signal": {"auth": {"secret"}}}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="router", description="Actor-based WebSocket message router on Ray.")
+    parser.add_argument("--version", action="version", version=f"router {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
+        p.add_argument("--address", help="Ray cluster to join: 'auto' or host:port (default: embedded Ray)")
+        p.add_argument("--namespace", help="Ray namespace of this router's actors (default: router)")
+
+    serve = sub.add_parser("serve", help="run the router")
+    common(serve)
+    serve.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="main port (default 8080); gateway i listens on port + i")
+    serve.add_argument("--gateways", type=int, help="gateways to start on consecutive ports (default 1)")
+    serve.set_defaults(func=cmd_serve)
+
+    status = sub.add_parser("status", help="gateways and shards of a running router")
+    common(status)
+    status.add_argument("--json", action="store_true", help="print the full status as JSON")
+    status.set_defaults(func=cmd_status)
+
+    config = sub.add_parser("config", help="print the effective configuration (secrets hidden)")
+    common(config)
+    config.add_argument("--host")
+    config.add_argument("--port", type=int)
+    config.add_argument("--gateways", type=int)
+    config.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as error:
+        print(f"router: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

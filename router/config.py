@@ -1,0 +1,270 @@
+"""Router configuration: defaults, a TOML config file, and ``ROUTER_*`` environment variables.
+
+Precedence, highest first: command-line flags, environment variables
+(``ROUTER_PORT=9000``, nested with ``__``: ``ROUTER_SIGNAL__RATE_LIMIT_PER_MINUTE=600``),
+the config file (``--config router.toml`` or ``ROUTER_CONFIG=router.toml``), then the defaults below.
+Invalid values fail at start with a message naming the field (:func:`load_settings`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+KIB = 1024
+MIB = 1024 * 1024
+
+ALL_SIGNAL_CAPABILITIES = ("send", "receive", "discover", "broadcast", "publish", "subscribe")
+HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
+PUBLIC_KEY_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the field and what is wrong."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointConfig(_Section):
+    """Where a dialect is served: a URL path, and optionally a port of its own."""
+
+    path: str = "/"
+    # None serves the dialect on the router's main port; a number opens a listener of its own
+    # (gateway i of --gateways N listens on port + i; 0 lets the system pick a free port).
+    port: int | None = Field(default=None, ge=0, le=65535)
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class SignalAuthConfig(_Section):
+    """JWT verification for ``hub:connect`` (spec section 1.3)."""
+
+    enabled: bool = False
+    # Pinned list: a token signed with any other algorithm (including "none") is refused.
+    algorithms: list[str] = Field(default_factory=lambda: ["HS256"], min_length=1)
+    secret: SecretStr | None = None  # HS* algorithms
+    public_key: str | None = None  # PEM, RS*/ES*/PS* algorithms
+    public_key_file: Path | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    leeway_s: float = Field(default=0.0, ge=0, le=300)
+
+    @model_validator(mode="after")
+    def _keys_match_algorithms(self) -> "SignalAuthConfig":
+        unknown = set(self.algorithms) - HMAC_ALGORITHMS - PUBLIC_KEY_ALGORITHMS
+        if unknown:
+            raise ValueError(f"unsupported algorithms {sorted(unknown)}; use HS*, RS*, ES* or PS*")
+        hmac = set(self.algorithms) & HMAC_ALGORITHMS
+        if hmac and len(hmac) != len(self.algorithms):
+            # Mixing HMAC and public-key algorithms invites key-confusion attacks.
+            raise ValueError("do not mix HMAC (HS*) and public-key algorithms in one list")
+        if self.enabled and hmac and self.secret is None:
+            raise ValueError("auth is enabled with an HS* algorithm but 'secret' is not set")
+        if self.enabled and not hmac and self.public_key is None and self.public_key_file is None:
+            raise ValueError("auth is enabled with a public-key algorithm but neither 'public_key' nor 'public_key_file' is set")
+        return self
+
+    def verification_key(self) -> str:
+        if set(self.algorithms) & HMAC_ALGORITHMS:
+            assert self.secret is not None
+            return self.secret.get_secret_value()
+        if self.public_key is not None:
+            return self.public_key
+        assert self.public_key_file is not None
+        return self.public_key_file.read_text()
+
+
+class SignalHubConfig(_Section):
+    """Signal Hub dialect (``signal-hub-protocol.md``)."""
+
+    enabled: bool = True
+    path: str = "/signal"
+    port: int | None = Field(default=None, ge=0, le=65535)
+    protocol_version: str = "1.0"
+    hub_address: str = "cloudflare/signal-hub"
+    auth: SignalAuthConfig = Field(default_factory=SignalAuthConfig)
+    # Capabilities granted when auth is disabled.
+    anonymous_capabilities: list[str] = Field(default_factory=lambda: list(ALL_SIGNAL_CAPABILITIES))
+    # Token bucket per connection: `rate_limit_per_minute` refill, `rate_limit_burst` capacity.
+    rate_limit_per_minute: float = Field(default=100, gt=0)
+    rate_limit_burst: int | None = Field(default=None, ge=1)
+    max_message_bytes: int = Field(default=512 * KIB, ge=64)
+    max_frame_bytes: int = Field(default=1 * MIB, ge=64)
+    heartbeat_timeout_s: float = Field(default=60, gt=0)
+    max_actors: int = Field(default=50_000, ge=1)
+    default_ttl_ms: int = Field(default=300_000, ge=1)
+    max_ttl_ms: int = Field(default=86_400_000, ge=1)
+    discover_default_limit: int = Field(default=100, ge=1)
+    discover_max_limit: int = Field(default=1000, ge=1)
+    max_discover_offset: int = Field(default=100_000, ge=0)
+    max_pattern_length: int = Field(default=256, ge=1, le=4096)
+    max_topic_length: int = Field(default=256, ge=1, le=4096)
+    # Per registration: bounds what 50,000 registrations can cost a registry shard.
+    max_capabilities: int = Field(default=64, ge=1)
+    max_metadata_bytes: int = Field(default=16 * KIB, ge=2)
+    # A request that waits longer than this for a shard gets `timeout`.
+    request_timeout_s: float = Field(default=10, gt=0)
+    # Bytes queued to a slow client before further deliveries to it are dropped (counted as failed).
+    max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+    @field_validator("anonymous_capabilities")
+    @classmethod
+    def _known_capabilities(cls, value: list[str]) -> list[str]:
+        unknown = set(value) - set(ALL_SIGNAL_CAPABILITIES)
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {list(ALL_SIGNAL_CAPABILITIES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_consistent(self) -> "SignalHubConfig":
+        if self.max_message_bytes > self.max_frame_bytes:
+            raise ValueError("max_message_bytes must not exceed max_frame_bytes")
+        if self.discover_default_limit > self.discover_max_limit:
+            raise ValueError("discover_default_limit must not exceed discover_max_limit")
+        if self.default_ttl_ms > self.max_ttl_ms:
+            raise ValueError("default_ttl_ms must not exceed max_ttl_ms")
+        return self
+
+    @property
+    def endpoint(self) -> EndpointConfig:
+        return EndpointConfig(path=self.path, port=self.port)
+
+
+class ShardsConfig(_Section):
+    """How many Ray actors of each kind hold the routing state (keys are hashed onto them)."""
+
+    session: int = Field(default=2, ge=1, le=1024)
+    topic: int = Field(default=2, ge=1, le=1024)
+    registry: int = Field(default=2, ge=1, le=1024)
+
+
+class GatewayConfig(_Section):
+    """Gateway tuning: batching to shards, HTTP limits, timeouts."""
+
+    # Commands to one shard are sent as one Ray call; a batch is flushed at this size or on the
+    # next event-loop turn, whichever comes first.
+    batch_max: int = Field(default=1024, ge=1)
+    # Batches in flight to one shard; while they are out, new commands accumulate (larger batches).
+    max_inflight_batches: int = Field(default=4, ge=1)
+    # When this many commands wait to be sent, the gateway stops reading from sockets until it drains.
+    max_pending_commands: int = Field(default=200_000, ge=1000)
+    # A delivery that arrives out of order waits this long for the ones before it.
+    reorder_timeout_s: float = Field(default=2.0, gt=0)
+    handshake_timeout_s: float = Field(default=10, gt=0)
+    close_timeout_s: float = Field(default=5, gt=0)
+    max_http_body_bytes: int = Field(default=1 * MIB, ge=1024)
+    # permessage-deflate costs about a third more CPU per delivery; off unless asked for.
+    compression: bool = False
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "ray-ws-router"
+
+
+class RouterSettings(BaseSettings):
+    """Everything the router reads at start. Frozen: actors receive a copy."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ROUTER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    gateways: int = Field(default=1, ge=1, le=64)
+    # None starts an embedded Ray on this machine; "auto" or "host:port" joins a running cluster.
+    ray_address: str | None = None
+    namespace: str = Field(default="router", pattern=r"^[A-Za-z0-9_.-]+$")
+    # Start the Ray dashboard with an embedded Ray (it shows the router's actors and metrics).
+    ray_dashboard: bool = True
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    signal: SignalHubConfig = Field(default_factory=SignalHubConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _CONFIG_FILE.get()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+
+class _ConfigFileSlot:
+    """The config file for the settings being built (pydantic-settings sources take no arguments)."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+
+    def get(self) -> Path | None:
+        return self._path
+
+    def set(self, path: Path | None) -> None:
+        self._path = path
+
+
+_CONFIG_FILE = _ConfigFileSlot()
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(settings)"
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {field}: {message}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> RouterSettings:
+    """Build the settings from defaults, ``config_file`` (or ``$ROUTER_CONFIG``), env and ``overrides``.
+
+    Raises :class:`ConfigError` naming every invalid field.
+    """
+    path = config_file or os.environ.get("ROUTER_CONFIG")
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"invalid configuration:\n  config file: {path} does not exist")
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    _CONFIG_FILE.set(path)
+    try:
+        return RouterSettings(**overrides)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+    finally:
+        _CONFIG_FILE.set(None)
