@@ -17,6 +17,7 @@ Shards are synchronous, single-threaded actors: Ray runs one caller's batches in
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from typing import Any, Callable
@@ -86,8 +87,8 @@ class ShardBase:
         return self._purge_gateway_state(gateway_id)
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "batches": self._batches,
-                "commands": self._commands, **self._stats()}
+        return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "pid": os.getpid(),
+                "batches": self._batches, "commands": self._commands, **self._stats()}
 
     # -- for subclasses -------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from gateways.gateway import Gateway
 
 logger = logging.getLogger(__name__)
+# websockets logs every connection open/close at INFO; at 10,000 connections that is noise.
+_ws_logger = logging.getLogger("gateways.websocket")
+_ws_logger.setLevel(logging.WARNING)
 
 _TEXT = Opcode.TEXT
 _BINARY = Opcode.BINARY
@@ -385,7 +388,7 @@ class Connection(asyncio.Protocol):
             self._reject(404, b'{"error":"not_found","message":"no WebSocket endpoint on this path"}')
             return
         extensions = [ServerPerMessageDeflateFactory()] if self.gateway.settings.gateway.compression else None
-        ws = ServerProtocol(extensions=extensions, max_size=dialect.max_frame_bytes)
+        ws = ServerProtocol(extensions=extensions, max_size=dialect.max_frame_bytes, logger=_ws_logger)
         ws.receive_data(head)
         events = ws.events_received()
         if not events:  # websockets could not parse what llhttp accepted

@@ -92,7 +92,7 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"  delivered {gateway['delivered']:>10}")
     for shard in sorted(status["shards"], key=lambda s: s["name"]):
         sizes = ", ".join(f"{k} {v}" for k, v in shard.items()
-                          if k not in ("name", "kind", "epoch", "batches", "commands") and not isinstance(v, dict))
+                          if k not in ("name", "kind", "epoch", "pid", "batches", "commands") and not isinstance(v, dict))
         print(f"  {shard['name']:<18} batches {shard['batches']:>8}  commands {shard['commands']:>10}  {sizes}")
     return 0
 

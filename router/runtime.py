@@ -64,7 +64,8 @@ class Router:
         if settings.ray_address:
             ray.init(address=settings.ray_address, **options)
         else:
-            ray.init(include_dashboard=settings.ray_dashboard, **options)
+            # "local": always a new Ray on this machine, even if another one runs here.
+            ray.init(address="local", include_dashboard=settings.ray_dashboard, **options)
         self._owns_ray = True
 
     def _start_shards(self) -> None:

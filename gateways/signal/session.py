@@ -153,6 +153,7 @@ class SignalSession(DialectSession):
         wait = self.bucket.take(now)
         if wait:
             limit = self.config.rate_limit_per_minute
+            limit = int(limit) if float(limit).is_integer() else limit
             self._refuse(SignalError(
                 codec.RATE_LIMITED,
                 f"Rate limit of {limit:g} messages per minute exceeded",
@@ -161,9 +162,17 @@ class SignalSession(DialectSession):
             return
         try:
             request = codec.decode(data)
+        except SignalError as error:
+            self._refuse(error)
+            return
+        try:
             self._check(request)
             self._handlers[request.type](request)
         except SignalError as error:
+            if error.reply_id is None:
+                error.reply_id = request.reply_id
+            if error.reply_to is None:
+                error.reply_to = request.sender
             self._refuse(error)
 
     def on_tick(self, now: float) -> None:
@@ -483,19 +492,17 @@ class SignalSession(DialectSession):
         if target is None:
             raise codec.invalid("hub:send needs a target address in 'to' (or payload.to)", "invalid_address",
                                 field="to")
-        reply_id, sender = request.reply_id, request.sender
+        # Fire-and-forget on success; the slot keeps a failure in order with the other replies.
+        slot = self._slot()
 
         def sent(result: Any) -> None:
             if result is True:
-                return
-            if isinstance(result, (CommandError, ShardUnavailable)):
-                error = self._shard_failure(result, request)
+                self._fill(slot, _EMPTY)
+            elif isinstance(result, (CommandError, ShardUnavailable)):
+                self._fill_error(slot, request, self._shard_failure(result, request))
             else:
-                error = SignalError(codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected",
-                                    {"targetActor": target})
-            self.failed += 1
-            self._write_in_order(codec.encode_error(self.hub, sender, error.code, error.message, error.details,
-                                                    reply_id))
+                self._fill_error(slot, request, SignalError(
+                    codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected", {"targetActor": target}))
 
         shards = self.shards
         shards.send(shards.link(REGISTRY, target), ("send", target, request.raw, DELIVER_TEXT), sent)

@@ -1,0 +1,112 @@
+"""One Ray runtime for the whole test session, and routers started on it the way `router serve` does.
+
+- ``hub``: JWT auth on (HS256), two gateways, two shards of each kind, Signal Hub at /signal on
+  the main port, a high rate limit so functional tests never trip it.
+- ``open_hub``: auth off, one gateway, one shard of each kind, Signal Hub at /ws on a port of its
+  own, and small limits (rate, sizes, heartbeat, actors) so each limit can be hit quickly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+import pytest
+import ray
+
+from router.config import ALL_SIGNAL_CAPABILITIES, load_settings
+from router.runtime import Router
+
+SECRET = "e2e-secret-" + "0123456789abcdef" * 4
+
+
+@dataclass
+class RunningRouter:
+    router: Router
+    ws_urls: list[str]
+    http_urls: list[str]
+
+    @property
+    def settings(self) -> Any:
+        return self.router.settings
+
+
+def start_router(**overrides: Any) -> RunningRouter:
+    router = Router(load_settings(**overrides))
+    endpoints = router.start()
+    return RunningRouter(router, *_urls(endpoints))
+
+
+def _urls(endpoints: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    ws_urls, http_urls = [], []
+    for gateway in endpoints:
+        for listener in gateway["listeners"]:
+            for path in listener["websocket"].values():
+                ws_urls.append(f"ws://127.0.0.1:{listener['port']}{path}")
+                http_urls.append(f"http://127.0.0.1:{listener['port']}")
+    return ws_urls, http_urls
+
+
+def refresh(running: RunningRouter) -> None:
+    running.ws_urls, running.http_urls = _urls(running.router.endpoints())
+
+
+def make_token(actor: str, capabilities: list[str] | None = None, expires_in: float = 3600,
+               secret: str = SECRET, algorithm: str = "HS256", **claims: Any) -> str:
+    body = {
+        "actorId": actor,
+        "capabilities": list(ALL_SIGNAL_CAPABILITIES) if capabilities is None else capabilities,
+        "exp": int(time.time() + expires_in),
+        **claims,
+    }
+    return jwt.encode(body, secret, algorithm=algorithm)
+
+
+@pytest.fixture(scope="session")
+def ray_runtime() -> str:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tests", logging_level=logging.WARNING)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hub(ray_runtime: str) -> RunningRouter:
+    running = start_router(
+        namespace="e2e-hub",
+        port=0,
+        gateways=2,
+        ray_dashboard=False,
+        shards={"session": 2, "topic": 2, "registry": 2},
+        signal={"auth": {"enabled": True, "secret": SECRET}, "rate_limit_per_minute": 6_000_000},
+    )
+    yield running
+    running.router.stop()
+
+
+@pytest.fixture(scope="session")
+def open_hub(ray_runtime: str) -> RunningRouter:
+    running = start_router(
+        namespace="e2e-open",
+        port=0,
+        gateways=1,
+        ray_dashboard=False,
+        shards={"session": 1, "topic": 1, "registry": 1},
+        gateway={"sweep_interval_s": 0.1},
+        signal={
+            "path": "/ws",
+            "port": 0,
+            "rate_limit_per_minute": 60,
+            "rate_limit_burst": 20,
+            "max_message_bytes": 4096,
+            "max_frame_bytes": 8192,
+            "heartbeat_timeout_s": 3,
+            "max_actors": 5,
+            "max_metadata_bytes": 1024,
+            "request_timeout_s": 1.5,
+        },
+    )
+    yield running
+    running.router.stop()

@@ -1,0 +1,130 @@
+"""Spec 3.7 (flow control), section 4 (error codes) and section 6 (limits), checked before parsing."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlparse
+
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import Opcode
+
+from tests.e2e.client import HUB, HubClient, eventually, run
+from tests.e2e.rawws import client_frame, open_raw_websocket, read_close_code
+
+
+def test_queue_stats_reports_the_connections_counters(open_hub):
+    async def scenario():
+        client = await HubClient.open(open_hub.ws_urls[0], "browser/stats")
+        await client.request("hub:heartbeat", {})
+        await client.send_raw("{not json")
+        assert (await client.recv())["payload"]["code"] == "internal_error"
+        reply = await client.request("hub:queue_stats", {}, correlationId="q")
+        assert reply == {"type": "hub:queue_stats_result", "from": HUB, "to": "browser/stats",
+                         "payload": {"pending": 0, "processed": 4, "failed": 1, "paused": False},
+                         "correlationId": "q"}
+        await client.close()
+
+    run(scenario())
+
+
+def test_rate_limit_is_a_token_bucket_with_retry_after(open_hub):
+    signal = open_hub.settings.signal
+
+    async def scenario():
+        client = await HubClient.open(open_hub.ws_urls[0], "browser/flood")
+        for _ in range(signal.rate_limit_burst + 5):
+            await client.send("hub:heartbeat", {})
+        replies = [await client.recv() for _ in range(signal.rate_limit_burst + 5)]
+        acks = [r for r in replies if r["type"] == "hub:heartbeat_ack"]
+        limited = [r for r in replies if r["type"] == "hub:error"]
+        # The connect took one token; the bucket refills one per second meanwhile.
+        assert signal.rate_limit_burst - 1 <= len(acks) <= signal.rate_limit_burst + 1
+        assert len(acks) + len(limited) == len(replies)
+        for reply in limited:
+            payload = reply["payload"]
+            assert payload["code"] == "rate_limited"
+            assert payload["message"] == "Rate limit of 60 messages per minute exceeded"
+            assert set(payload["details"]) == {"retryAfter", "limit", "window"}
+            assert payload["details"]["limit"] == 60 and payload["details"]["window"] == "1m"
+            assert 1 <= payload["details"]["retryAfter"] <= 1000
+
+        async def accepted_again():
+            await client.send("hub:heartbeat", {})
+            return (await client.recv())["type"] == "hub:heartbeat_ack"
+
+        await eventually(accepted_again, timeout=5, interval=0.25)
+        await client.close()
+
+    run(scenario())
+
+
+def test_message_too_large_is_refused_before_parsing(open_hub):
+    async def scenario():
+        client = await HubClient.open(open_hub.ws_urls[0], "browser/big")
+        await client.send_raw("x" * 5000)  # not even JSON: the size is checked first
+        reply = await client.recv()
+        assert reply == {"type": "hub:error", "from": HUB, "to": "browser/big",
+                         "payload": {"code": "message_too_large",
+                                     "message": "Message of 5000 bytes exceeds the limit of 4096 bytes",
+                                     "details": {"size": 5000, "maxSize": 4096}}}
+        assert (await client.request("hub:heartbeat", {}))["type"] == "hub:heartbeat_ack"
+        await client.close()
+
+    run(scenario())
+
+
+def test_a_frame_over_the_frame_limit_closes_with_1009(open_hub):
+    async def scenario():
+        client = await HubClient.open(open_hub.ws_urls[0], "browser/huge")
+        await client.send_raw("y" * 9000)
+        try:
+            await client.recv()
+            raise AssertionError("expected a close")
+        except ConnectionClosed:
+            pass
+        assert client.ws.close_code == 1009
+        await client.close()
+
+    run(scenario())
+
+
+def test_invalid_utf8_in_a_text_frame_closes_with_1007(open_hub):
+    port = urlparse(open_hub.ws_urls[0]).port
+
+    async def scenario():
+        reader, writer = await open_raw_websocket(port, "/ws")
+        writer.write(client_frame(Opcode.TEXT, b'{"type":"\xff"}'))
+        assert await read_close_code(reader) == 1007
+        writer.close()
+
+    run(scenario())
+
+
+def test_malformed_and_unknown_messages_get_errors_and_the_connection_stays(open_hub):
+    async def scenario():
+        client = await HubClient.open(open_hub.ws_urls[0], "browser/messy")
+        await client.send_raw("{broken")
+        reply = await client.recv()
+        assert reply["type"] == "hub:error" and reply["to"] == "browser/messy" and "correlationId" not in reply
+        assert reply["payload"]["code"] == "internal_error"
+        assert reply["payload"]["message"].startswith("Malformed JSON: ")
+        assert reply["payload"]["details"] == {"reason": "parse_error"}
+
+        await client.send_raw("[1, 2]")
+        assert (await client.recv())["payload"] == {"code": "internal_error",
+                                                    "message": "A message must be a JSON object",
+                                                    "details": {"reason": "invalid_message"}}
+
+        unknown = await client.request("hub:teleport", {}, correlationId="t")
+        assert unknown == {"type": "hub:error", "from": HUB, "to": "browser/messy",
+                           "payload": {"code": "internal_error", "message": "Unknown message type: hub:teleport",
+                                       "details": {"reason": "unknown_type", "type": "hub:teleport"}},
+                           "correlationId": "t"}
+
+        # A binary frame carrying the same JSON is accepted.
+        await client.send_raw(json.dumps(client.envelope("hub:heartbeat", {}, correlationId="bin")).encode())
+        reply = await client.recv()
+        assert reply["type"] == "hub:heartbeat_ack" and reply["correlationId"] == "bin"
+        await client.close()
+
+    run(scenario())

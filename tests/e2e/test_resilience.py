@@ -1,0 +1,125 @@
+"""Failures the router must survive: a gateway dying, a shard stalling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+import ray
+from websockets.exceptions import ConnectionClosed
+
+from tests.e2e.client import HubClient, run
+from tests.e2e.conftest import start_router
+
+
+def _free_consecutive_ports(count: int) -> int:
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for offset in range(count):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", base + offset))
+                sockets.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no consecutive free ports")
+
+
+@pytest.fixture(scope="module")
+def fragile(ray_runtime):
+    port = _free_consecutive_ports(2)
+    running = start_router(
+        namespace="e2e-fragile", port=port, gateways=2, ray_dashboard=False,
+        shards={"session": 1, "topic": 1, "registry": 1},
+        signal={"request_timeout_s": 1.0},
+    )
+    yield running
+    running.router.stop()
+
+
+def test_a_dead_gateway_is_replaced_on_its_port_and_the_shards_forget_it(fragile):
+    router = fragile.router
+    victim = router.gateways[1]
+    url_of_victim = fragile.ws_urls[1]
+
+    async def before():
+        doomed = await HubClient.open(url_of_victim, "res/doomed")
+        await doomed.request("hub:register", {"actorAddress": "res/doomed"})
+        await doomed.request("hub:subscribe", {"topic": "res/topic"})
+        return doomed
+
+    async def observe_drop(doomed):
+        try:
+            await doomed.recv(timeout=10)
+            raise AssertionError("the socket should drop with its gateway")
+        except ConnectionClosed:
+            pass
+
+    async def after():
+        survivor = await HubClient.open(fragile.ws_urls[0], "res/survivor")
+        found = await survivor.request("hub:discover", {"pattern": "^res/doomed$"})
+        assert found["payload"]["totalMatches"] == 0
+        published = await survivor.request("hub:publish", {"topic": "res/topic", "message": 1})
+        assert published["payload"]["subscriberCount"] == 0
+        # The replacement listens where the dead one did, and routes as before.
+        reborn = await HubClient.open(url_of_victim, "res/reborn")
+        await reborn.request("hub:register", {"actorAddress": "res/reborn"})
+        await survivor.send("hub:send", {"hello": "again"}, to="res/reborn")
+        assert (await reborn.recv())["payload"] == {"hello": "again"}
+        await survivor.close()
+        await reborn.close()
+
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        doomed = loop.run_until_complete(before())
+        ray.kill(victim.actor, no_restart=True)
+        loop.run_until_complete(asyncio.wait_for(observe_drop(doomed), 20))
+        deadline = time.monotonic() + 60
+        while router.restarts == 0 and time.monotonic() < deadline:
+            router.supervise(timeout=0.5)
+        assert router.restarts == 1
+        assert router.gateways[1].gateway_id != victim.gateway_id
+        assert router.gateways[1].info["listeners"][0]["port"] == victim.info["listeners"][0]["port"]
+    finally:
+        loop.close()
+    run(after())
+
+
+def test_a_stalled_shard_answers_timeout_then_recovers(fragile):
+    shard = fragile.router.shards["registry"][0]
+    pid = ray.get(shard.info.remote())["pid"]
+
+    async def scenario():
+        client = await HubClient.open(fragile.ws_urls[0], "res/patient")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            reply = await client.request("hub:discover", {}, correlationId="slow")
+            waited = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert reply == {"type": "hub:error", "from": "cloudflare/signal-hub", "to": "res/patient",
+                         "payload": {"code": "timeout", "message": "hub:discover timed out; retry with backoff",
+                                     "details": {"timeoutMs": 1000}},
+                         "correlationId": "slow"}
+        assert 0.9 <= waited < 5
+        recovered = await client.request("hub:discover", {})
+        assert recovered["type"] == "hub:discovery_result"
+        await client.close()
+
+    run(scenario())
