@@ -118,6 +118,7 @@ class Connection(asyncio.Protocol):
         self.last_activity = self.opened_at
         self.closing_since: float | None = None
         self._paused = False
+        self._failed = False
         self._fragments: list[bytes] | None = None
         self._fragments_text = False
         # HTTP state
@@ -258,14 +259,15 @@ class Connection(asyncio.Protocol):
                 if frame.fin:
                     data, self._fragments = b"".join(self._fragments), None
                     self._message(data, self._fragments_text)
-            if self.ws.state is not OPEN:
-                break
+            if self._failed:
+                break  # we failed the connection (e.g. invalid UTF-8): discard the rest
 
     def _message(self, data: bytes, is_text: bool) -> None:
         if is_text:
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError:
+                self._failed = True
                 self.ws.fail(1007, "invalid UTF-8 in a text frame")
                 self._write_out(self.ws.data_to_send())
                 return

@@ -239,6 +239,7 @@ class DeliverySequencer:
         self.timeout_s = timeout_s
         self.loop = loop
         self._sources: dict[str, list] = {}  # source -> [epoch, expected seq, {seq: items}, timer]
+        self._retired: dict[str, set[str]] = {}  # source -> epochs it has moved past
         self.skipped = 0
         self.stale = 0
 
@@ -246,8 +247,14 @@ class DeliverySequencer:
         source, epoch, seq, items = bundle
         state = self._sources.get(source)
         if state is None or state[0] != epoch:
-            if state is not None and state[3] is not None:
-                state[3].cancel()
+            retired = self._retired.setdefault(source, set())
+            if epoch in retired:
+                self.stale += 1  # a straggler from before the shard restarted
+                return
+            if state is not None:
+                retired.add(state[0])
+                if state[3] is not None:
+                    state[3].cancel()
             state = [epoch, 0, {}, None]
             self._sources[source] = state
         expected = state[1]
@@ -294,6 +301,7 @@ class DeliverySequencer:
             logger.exception("applying deliveries failed")
 
     def forget(self, source: str) -> None:
+        self._retired.pop(source, None)
         state = self._sources.pop(source, None)
         if state is not None and state[3] is not None:
             state[3].cancel()

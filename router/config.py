@@ -9,6 +9,8 @@ Invalid values fail at start with a message naming the field (:func:`load_settin
 from __future__ import annotations
 
 import os
+import threading
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +19,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -239,6 +242,7 @@ class _ConfigFileSlot:
 
 
 _CONFIG_FILE = _ConfigFileSlot()
+_CONFIG_LOCK = threading.Lock()
 
 
 def _describe(error: ValidationError) -> str:
@@ -261,10 +265,16 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Ro
         if not path.is_file():
             raise ConfigError(f"invalid configuration:\n  config file: {path} does not exist")
     overrides = {key: value for key, value in overrides.items() if value is not None}
-    _CONFIG_FILE.set(path)
-    try:
-        return RouterSettings(**overrides)
-    except ValidationError as error:
-        raise ConfigError(_describe(error)) from None
-    finally:
-        _CONFIG_FILE.set(None)
+    with _CONFIG_LOCK:
+        _CONFIG_FILE.set(path)
+        try:
+            return RouterSettings(**overrides)
+        except ValidationError as error:
+            raise ConfigError(_describe(error)) from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"invalid configuration:\n  config file {path}: {error}") from None
+        except SettingsError as error:
+            # e.g. ROUTER_SHARDS={bad : a structured field whose environment value is not JSON
+            raise ConfigError(f"invalid configuration:\n  {error}") from None
+        finally:
+            _CONFIG_FILE.set(None)

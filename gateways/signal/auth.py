@@ -56,4 +56,5 @@ class TokenVerifier:
         if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
             raise AuthError("JWT 'capabilities' claim must be a list of strings")
         known = tuple(c for c in dict.fromkeys(capabilities) if c in ALL_SIGNAL_CAPABILITIES)
-        return Identity(actor_id, known, int(claims["exp"] * 1000))
+        # The leeway that let the token in also applies to its expiry during the session.
+        return Identity(actor_id, known, int((claims["exp"] + self._leeway) * 1000))

@@ -121,3 +121,32 @@ def test_broadcast_reaches_every_registered_actor_and_counts_them(hub):
             await client.close()
 
     run(scenario())
+
+
+def test_messages_written_just_before_the_close_frame_are_still_routed(open_hub):
+    from urllib.parse import urlparse
+
+    from websockets.frames import Close, Opcode
+
+    from tests.e2e.rawws import client_frame, open_raw_websocket
+
+    port = urlparse(open_hub.ws_urls[0]).port
+
+    async def scenario():
+        sink = await HubClient.open(open_hub.ws_urls[0], "seag/last-words")
+        await sink.request("hub:register", {"actorAddress": "seag/last-words"})
+        reader, writer = await open_raw_websocket(port, "/ws")
+        hello = {"type": "hub:connect", "from": "browser/leaving", "to": HUB, "payload": {"version": "1.0"}}
+        writer.write(client_frame(Opcode.TEXT, json.dumps(hello).encode()))
+        await reader.readexactly(2)  # the start of hub:connected; the rest is not needed
+        burst = b"".join(
+            client_frame(Opcode.TEXT, json.dumps({"type": "hub:send", "from": "browser/leaving",
+                                                  "to": "seag/last-words", "payload": {"n": n}}).encode())
+            for n in range(10)
+        )
+        writer.write(burst + client_frame(Opcode.CLOSE, Close(1000, "bye").serialize()))  # one write
+        assert [(await sink.recv())["payload"]["n"] for _ in range(10)] == list(range(10))
+        writer.close()
+        await sink.close()
+
+    run(scenario())

@@ -1,0 +1,64 @@
+"""Helpers shared by the unit suite: no Ray, no sockets, no wall clock."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+
+class CountingTokens:
+    """A deterministic renewal-token factory: tok-1, tok-2, ..."""
+
+    def __init__(self) -> None:
+        self.issued = 0
+
+    def __call__(self) -> str:
+        self.issued += 1
+        return f"tok-{self.issued}"
+
+
+class FakeTimer:
+    """What ``loop.call_later`` returns: remembers its callback and whether it was cancelled."""
+
+    def __init__(self, delay: float, callback: Callable[..., Any], args: tuple) -> None:
+        self.delay = delay
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+        self.fired = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        assert not self.cancelled, "a cancelled timer must not fire"
+        assert not self.fired, "a timer fires once"
+        self.fired = True
+        self.callback(*self.args)
+
+
+class FakeLoop:
+    """Just enough of an event loop for code that only schedules timers; tests fire them by hand."""
+
+    def __init__(self) -> None:
+        self.timers: list[FakeTimer] = []
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> FakeTimer:
+        timer = FakeTimer(delay, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def pending(self) -> list[FakeTimer]:
+        """Timers that are armed: neither cancelled nor fired."""
+        return [t for t in self.timers if not t.cancelled and not t.fired]
+
+
+@pytest.fixture
+def tokens() -> CountingTokens:
+    return CountingTokens()
+
+
+@pytest.fixture
+def fake_loop() -> FakeLoop:
+    return FakeLoop()

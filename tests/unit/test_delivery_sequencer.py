@@ -1,0 +1,248 @@
+"""gateways/shardclient.py DeliverySequencer: per-shard bundles applied in emission order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from gateways.shardclient import DeliverySequencer
+
+TIMEOUT = 2.0
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.applied: list[list] = []
+
+    def __call__(self, items: list) -> None:
+        self.applied.append(items)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def sequencer(recorder, fake_loop) -> DeliverySequencer:
+    return DeliverySequencer(recorder, TIMEOUT, fake_loop)
+
+
+def bundle(seq: int, epoch: str = "e1", source: str = "topic-shard-0") -> tuple:
+    return (source, epoch, seq, [f"{source}:{epoch}:{seq}"])
+
+
+def items(*seqs: int, epoch: str = "e1", source: str = "topic-shard-0") -> list[list]:
+    return [bundle(seq, epoch, source)[3] for seq in seqs]
+
+
+# -- ordering (timers driven by hand through a fake loop) -----------------------------------
+
+
+def test_in_order_bundles_apply_immediately(sequencer, recorder, fake_loop):
+    for seq in range(3):
+        sequencer.accept(bundle(seq))
+    assert recorder.applied == items(0, 1, 2)
+    assert fake_loop.timers == []
+    assert (sequencer.skipped, sequencer.stale) == (0, 0)
+
+
+def test_out_of_order_bundles_wait_for_the_gap(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(2))
+    sequencer.accept(bundle(1))
+    assert recorder.applied == []
+    assert len(fake_loop.timers) == 1  # one gap timer per source, not one per bundle
+    timer = fake_loop.timers[0]
+    assert timer.delay == TIMEOUT
+    sequencer.accept(bundle(0))
+    assert recorder.applied == items(0, 1, 2)
+    assert timer.cancelled is True  # the gap closed in time
+    sequencer.accept(bundle(3))
+    assert recorder.applied == items(0, 1, 2, 3)
+    assert (sequencer.skipped, sequencer.stale) == (0, 0)
+
+
+def test_partial_drain_keeps_the_timer(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(1))
+    sequencer.accept(bundle(3))
+    sequencer.accept(bundle(0))
+    assert recorder.applied == items(0, 1)
+    assert fake_loop.pending() == fake_loop.timers[:1]  # still waiting for 2
+    sequencer.accept(bundle(2))
+    assert recorder.applied == items(0, 1, 2, 3)
+    assert fake_loop.pending() == []
+
+
+def test_duplicates_and_stale_bundles_are_counted_not_applied(sequencer, recorder):
+    sequencer.accept(bundle(0))
+    sequencer.accept(bundle(1))
+    sequencer.accept(bundle(0))
+    sequencer.accept(bundle(1))
+    sequencer.accept(bundle(0))
+    assert recorder.applied == items(0, 1)
+    assert sequencer.stale == 3
+    assert sequencer.skipped == 0
+
+
+def test_sources_are_sequenced_independently(sequencer, recorder):
+    sequencer.accept(bundle(0, source="a"))
+    sequencer.accept(bundle(1, source="b"))
+    sequencer.accept(bundle(0, source="b"))
+    sequencer.accept(bundle(1, source="a"))
+    assert recorder.applied == [
+        *items(0, source="a"), *items(0, 1, source="b"), *items(1, source="a"),
+    ]
+
+
+def test_new_epoch_starts_a_fresh_sequence(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(0, "e1"))
+    sequencer.accept(bundle(1, "e1"))
+    sequencer.accept(bundle(5, "e1"))  # waits for 2..4
+    timer = fake_loop.timers[0]
+    sequencer.accept(bundle(0, "e2"))  # the shard restarted
+    assert timer.cancelled is True
+    assert recorder.applied == items(0, 1, epoch="e1") + items(0, epoch="e2")
+    sequencer.accept(bundle(1, "e2"))
+    assert recorder.applied[-1] == items(1, epoch="e2")[0]
+    # The previous epoch's buffered bundle is dropped, not applied.
+    assert items(5, epoch="e1")[0] not in recorder.applied
+    assert (sequencer.skipped, sequencer.stale) == (0, 0)
+
+
+def test_new_epoch_may_start_out_of_order(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(0, "e1"))
+    sequencer.accept(bundle(1, "e2"))
+    assert recorder.applied == items(0, epoch="e1")
+    sequencer.accept(bundle(0, "e2"))
+    assert recorder.applied == items(0, epoch="e1") + items(0, 1, epoch="e2")
+
+
+def test_gap_timeout_skips_to_the_first_waiting_bundle(sequencer, recorder, fake_loop, caplog):
+    sequencer.accept(bundle(2))
+    sequencer.accept(bundle(5))
+    assert len(fake_loop.pending()) == 1
+    with caplog.at_level(logging.WARNING, logger="gateways.shardclient"):
+        fake_loop.pending()[0].fire()
+    assert recorder.applied == items(2)
+    assert sequencer.skipped == 2  # 0 and 1 never came
+    assert "deliveries from topic-shard-0: gap of 2 bundle(s) skipped" in caplog.text
+    # 3 and 4 are still missing: a new timer guards the next gap.
+    assert len(fake_loop.pending()) == 1
+    assert fake_loop.pending()[0].delay == TIMEOUT
+    fake_loop.pending()[0].fire()
+    assert recorder.applied == items(2, 5)
+    assert sequencer.skipped == 4
+    assert fake_loop.pending() == []
+    sequencer.accept(bundle(6))
+    sequencer.accept(bundle(4))  # arrived after it was skipped
+    assert recorder.applied == items(2, 5, 6)
+    assert sequencer.stale == 1
+
+
+def test_gap_timeout_drains_a_contiguous_run(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(0))
+    sequencer.accept(bundle(2))
+    sequencer.accept(bundle(3))
+    sequencer.accept(bundle(4))
+    fake_loop.pending()[0].fire()
+    assert recorder.applied == items(0, 2, 3, 4)
+    assert sequencer.skipped == 1
+    assert fake_loop.pending() == []
+
+
+def test_forget_drops_the_source(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(0))
+    sequencer.accept(bundle(1))
+    sequencer.accept(bundle(3))
+    timer = fake_loop.timers[0]
+    sequencer.forget("topic-shard-0")
+    assert timer.cancelled is True
+    sequencer.accept(bundle(0))  # a fresh sequence: 0 is expected again
+    assert recorder.applied == items(0, 1, 0)
+    assert sequencer.stale == 0
+    sequencer.forget("never-seen")  # harmless
+
+
+def test_a_failing_apply_does_not_stop_the_sequence(fake_loop, caplog):
+    applied = []
+
+    def apply(batch):
+        if batch == ["boom"]:
+            raise RuntimeError("boom")
+        applied.append(batch)
+
+    sequencer = DeliverySequencer(apply, TIMEOUT, fake_loop)
+    sequencer.accept(("s", "e", 2, ["c"]))
+    sequencer.accept(("s", "e", 1, ["boom"]))
+    with caplog.at_level(logging.ERROR, logger="gateways.shardclient"):
+        sequencer.accept(("s", "e", 0, ["a"]))
+    assert applied == [["a"], ["c"]]
+    assert "applying deliveries failed" in caplog.text
+    sequencer.accept(("s", "e", 3, ["d"]))
+    assert applied == [["a"], ["c"], ["d"]]
+
+
+# -- a real event loop ----------------------------------------------------------------------
+
+
+def run_with_loop(scenario) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+
+
+def test_gap_timeout_on_a_real_loop():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        applied: list = []
+        arrived = asyncio.Event()
+
+        def apply(batch):
+            applied.append(batch)
+            if len(applied) == 2:
+                arrived.set()
+
+        sequencer = DeliverySequencer(apply, 0.01, loop)
+        sequencer.accept(("s", "e", 2, ["c"]))
+        sequencer.accept(("s", "e", 5, ["f"]))
+        assert applied == []
+        await asyncio.wait_for(arrived.wait(), timeout=5)
+        assert applied == [["c"], ["f"]]
+        assert sequencer.skipped == 4
+        assert sequencer.stale == 0
+
+    run_with_loop(scenario)
+
+
+def test_closed_gap_is_not_skipped_on_a_real_loop():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        applied: list = []
+        done = asyncio.Event()
+
+        def apply(batch):
+            applied.append(batch)
+            if batch == ["late"]:
+                done.set()
+
+        sequencer = DeliverySequencer(apply, 0.01, loop)
+        sequencer.accept(("s", "e", 1, ["b"]))
+        sequencer.accept(("s", "e", 0, ["a"]))  # before the loop ever runs: no race with the timer
+        assert applied == [["a"], ["b"]]
+        # Open a second gap and let its timer fire on the loop: only that gap is skipped.
+        sequencer.accept(("s", "e", 3, ["late"]))
+        await asyncio.wait_for(done.wait(), timeout=5)
+        assert applied == [["a"], ["b"], ["late"]]
+        assert sequencer.skipped == 1  # only seq 2
+
+    run_with_loop(scenario)
+
+
+def test_a_straggler_from_a_retired_epoch_is_dropped(sequencer, recorder, fake_loop):
+    sequencer.accept(bundle(0, epoch="old"))
+    sequencer.accept(bundle(0, epoch="new"))
+    sequencer.accept(bundle(1, epoch="old"))  # in flight when the shard restarted
+    sequencer.accept(bundle(1, epoch="new"))
+    assert recorder.applied == items(0, epoch="old") + items(0, 1, epoch="new")
+    assert (sequencer.skipped, sequencer.stale) == (0, 1)
+    assert fake_loop.timers == []
