@@ -208,12 +208,25 @@ class Gateway:
         }
 
 
+def _raise_open_file_limit() -> None:
+    """Each connection is a file descriptor; take the hard limit so 10,000s of clients fit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        logger.warning("could not raise the open-file limit")
+
+
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
 class GatewayActor:
     """Thin Ray wrapper: runs a :class:`Gateway` on the actor's event loop."""
 
     def __init__(self, gateway_id: str, index: int, settings: RouterSettings) -> None:
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        _raise_open_file_limit()
         self._gateway_id = gateway_id
         self._index = index
         self._settings = settings

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.shards import SHARD_ACTORS
 from gateways.gateway import GatewayActor
@@ -85,9 +86,11 @@ class Router:
         settings = self.settings
         base = settings.port or "any"
         gateway_id = f"{base}-{index}-{secrets.token_hex(3)}"
-        actor = GatewayActor.options(name=gateway_name(gateway_id), namespace=settings.namespace).remote(
-            gateway_id, index, settings
-        )
+        # A gateway listens on this machine's ports: pin it to the node this supervisor runs on.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        actor = GatewayActor.options(
+            name=gateway_name(gateway_id), namespace=settings.namespace, scheduling_strategy=here
+        ).remote(gateway_id, index, settings)
         info = ray.get(actor.start.remote(), timeout=120)
         logger.info("gateway %s listening: %s", gateway_id, info["listeners"])
         return GatewayRecord(index, gateway_id, actor, actor.wait_stopped.remote(), info)

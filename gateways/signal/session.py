@@ -111,6 +111,7 @@ class SignalSession(DialectSession):
         self.last_seen = time.monotonic()
         self.bucket = TokenBucket(dialect.bucket_rate, dialect.bucket_capacity, self.last_seen)
         self.replies: deque[list] = deque()
+        self._close_when_answered: tuple[int, str] | None = None
         self.in_flight = 0
         self.processed = 0
         self.failed = 0
@@ -243,6 +244,16 @@ class SignalSession(DialectSession):
             frame = replies.popleft()[0]
             if frame:
                 self.wire.send_text(frame)
+        if not replies and self._close_when_answered is not None:
+            self.wire.close(*self._close_when_answered)
+            self._close_when_answered = None
+
+    def _close_after_replies(self, code: int, reason: str) -> None:
+        """Close once every reply queued so far is written (the disconnect ack goes out first)."""
+        if self.replies:
+            self._close_when_answered = (code, reason)
+        else:
+            self.wire.close(code, reason)
 
     def _fill_error(self, slot: list, request: Request, error: SignalError) -> None:
         self.failed += 1
@@ -364,7 +375,7 @@ class SignalSession(DialectSession):
     def _disconnect(self, request: Request) -> None:
         self.closing = True
         # The ack is written before the close frame (spec 3.1), so the client receives it.
-        self._cleanup_then(request, self.session_id, lambda: self.wire.close(1000, "disconnect"))
+        self._cleanup_then(request, self.session_id, lambda: self._close_after_replies(1000, "disconnect"))
 
     def _cleanup_then(self, request: Request, session_id: str | None, then: Callable[[], None]) -> None:
         """Purge the connection from every topic and registry shard, reply, then ``then()``."""
