@@ -8,8 +8,9 @@ addressed to the calling gateway. Deliveries to other gateways are pushed to the
 
 A bundle is ``(source, epoch, seq, items)``; ``seq`` counts per (shard, gateway) so the gateway can
 restore the order in which the shard emitted them (Ray does not order calls to async actors), and
-``epoch`` changes when the shard restarts. An item is ``(kind, payload, connection_ids)``: the
-payload is encoded once by the publishing gateway and fanned out as bytes.
+``epoch`` changes when the shard restarts. An item is ``(kind, payload, connection_ids, meta)``:
+the payload is encoded once by the publishing gateway and fanned out as bytes; ``meta`` (opaque
+here) tells the receiving gateway where and when the message entered, for the event log.
 
 Shards are synchronous, single-threaded actors: Ray runs one caller's batches in submission order.
 """
@@ -29,6 +30,7 @@ from actors.sessions import SessionTable
 from actors.topics import TopicTable
 from router.config import RouterSettings
 from router.errors import CommandError
+from router.metrics import ShardMetrics
 from router.patterns import PatternError, compile_pattern
 from router.shardmap import REGISTRY, SESSION, TOPIC, gateway_name, shard_name
 
@@ -54,7 +56,8 @@ class ShardBase:
         self.epoch = uuid.uuid4().hex[:12]
         self._seq: dict[str, int] = {}
         self._gateways: dict[str, Any] = {}
-        self._outbox: dict[str, list[tuple[int, bytes, tuple[int, ...]]]] = {}
+        self._outbox: dict[str, list[tuple]] = {}
+        self._metrics = ShardMetrics(self.name, self.kind) if settings.metrics.enabled else None
         self._now = now_ms()
         self._batches = 0
         self._commands = 0
@@ -67,6 +70,8 @@ class ShardBase:
         self._before_batch()
         self._batches += 1
         self._commands += len(commands)
+        if self._metrics is not None:
+            self._metrics.batch(len(commands))
         results: list[Any] = []
         ops = self._ops
         for command in commands:
@@ -101,14 +106,15 @@ class ShardBase:
     def _purge_gateway_state(self, gateway_id: str) -> int:
         return 0
 
-    def _emit(self, routes: dict[str, tuple[int, ...]], payload: Any, kind: int) -> None:
+    def _emit(self, routes: dict[str, tuple[int, ...]], payload: Any, kind: int, meta: tuple | None) -> None:
         outbox = self._outbox
         for gateway_id, connection_ids in routes.items():
+            item = (kind, payload, connection_ids, meta)
             items = outbox.get(gateway_id)
             if items is None:
-                outbox[gateway_id] = [(kind, payload, connection_ids)]
+                outbox[gateway_id] = [item]
             else:
-                items.append((kind, payload, connection_ids))
+                items.append(item)
 
     def _flush(self, caller: str) -> tuple | None:
         if not self._outbox:
@@ -162,10 +168,11 @@ class TopicShard(ShardBase):
     def _unsubscribe(self, gateway_id: str, topic: str, connection_id: int) -> bool:
         return self.table.unsubscribe(topic, (gateway_id, connection_id))
 
-    def _publish(self, gateway_id: str, topic: str, payload: Any, kind: int, exclude: int | None = None) -> int:
+    def _publish(self, gateway_id: str, topic: str, payload: Any, kind: int, exclude: int | None = None,
+                 meta: tuple | None = None) -> int:
         count, routes = self.table.routes(topic, None if exclude is None else (gateway_id, exclude))
         if count:
-            self._emit(routes, payload, kind)
+            self._emit(routes, payload, kind, meta)
         return count
 
     def _purge(self, gateway_id: str, connection_id: int) -> list[str]:
@@ -219,12 +226,12 @@ class RegistryShard(ShardBase):
     def _renew(self, gateway_id, address, connection_id, token, ttl_ms):
         return self.registry.renew(address, (gateway_id, connection_id), token, ttl_ms, self._now)
 
-    def _send(self, gateway_id: str, address: str, payload: Any, kind: int) -> bool:
+    def _send(self, gateway_id: str, address: str, payload: Any, kind: int, meta: tuple | None = None) -> bool:
         registration = self.registry.lookup(address, self._now)
         if registration is None:
             return False
         target_gateway, target_connection = registration.location
-        self._emit({target_gateway: (target_connection,)}, payload, kind)
+        self._emit({target_gateway: (target_connection,)}, payload, kind, meta)
         return True
 
     def _discover(self, gateway_id, pattern, capabilities, metadata, window):
@@ -234,12 +241,13 @@ class RegistryShard(ShardBase):
             raise CommandError("invalid_pattern", str(error)) from None
         return self.registry.discover(self._now, matcher, capabilities, metadata, window)
 
-    def _broadcast(self, gateway_id: str, payload: Any, kind: int, exclude: int | None = None) -> int:
+    def _broadcast(self, gateway_id: str, payload: Any, kind: int, exclude: int | None = None,
+                   meta: tuple | None = None) -> int:
         count, routes = self.registry.broadcast_routes(
             self._now, None if exclude is None else (gateway_id, exclude)
         )
         if count:
-            self._emit(routes, payload, kind)
+            self._emit(routes, payload, kind, meta)
         return count
 
     def _purge(self, gateway_id: str, connection_id: int) -> list[str]:

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
 import orjson
 import ray
+from websockets.protocol import OPEN
 
 from actors.shards import DELIVER_BINARY, DELIVER_EVENT, DELIVER_TEXT
 from gateways.dialect import Dialect, HttpRequest, HttpResponse, HttpRoute
 from gateways.server import Connection, Listener, frame_header
 from gateways.shardclient import DeliverySequencer, ShardClient
 from router.config import RouterSettings
+from router.eventlog import EventLog
+from router.metrics import GatewayMetrics
 from router.shardmap import SHARD_KINDS, shard_name
 
 logger = logging.getLogger(__name__)
@@ -65,6 +69,15 @@ class Gateway:
             max_pending=tuning.max_pending_commands,
         )
         self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop)
+        analytics = settings.analytics
+        self.events = (
+            EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours)
+            if analytics.enabled else None
+        )
+        self.metrics = GatewayMetrics(gateway_id) if settings.metrics.enabled else None
+        if self.metrics is not None:
+            self.shards.on_batch = self.metrics.batch
+        self._seq = 0
         self.dialects = build_dialects(self, settings)
         self.listeners: list[Listener] = []
         self.started_at = time.time()
@@ -93,6 +106,8 @@ class Gateway:
             )
             listener.port = listener.server.sockets[0].getsockname()[1]
             self.listeners.append(listener)
+        if self.events is not None:
+            await asyncio.wrap_future(self.events.warm_up())
         self._sweeper = self.loop.create_task(self._sweep())
         return self.describe()
 
@@ -108,6 +123,15 @@ class Gateway:
                 for listener in self.listeners
             ],
         }
+
+    async def flush_events(self) -> int:
+        """Write the buffered event-log records now; returns the rows written so far."""
+        if self.events is None:
+            return 0
+        pending = self.events.flush()
+        if pending is not None:
+            await asyncio.wrap_future(pending)
+        return self.events.rows_written
 
     async def stop(self, timeout: float = 3.0) -> None:
         """Stop accepting, close every WebSocket with 1001, and wait for them to go."""
@@ -126,6 +150,8 @@ class Gateway:
             connection.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self.events is not None:
+            await self.loop.run_in_executor(None, self.events.close)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -149,6 +175,9 @@ class Gateway:
 
     async def _sweep(self) -> None:
         interval = self.settings.gateway.sweep_interval_s
+        flush_every = self.settings.analytics.flush_interval_s
+        publish_every = self.settings.metrics.interval_s
+        last_flush = last_publish = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
@@ -157,15 +186,68 @@ class Gateway:
                     connection.tick(now)
                 except Exception:
                     logger.exception("connection %s: timer failed", connection.id)
+            if self.events is not None and now - last_flush >= flush_every:
+                last_flush = now
+                self.events.flush()
+            if self.metrics is not None and now - last_publish >= publish_every:
+                last_publish = now
+                self._publish_metrics()
+
+    def _publish_metrics(self) -> None:
+        by_dialect = {d.name: 0 for d in self.dialects}
+        outbound = 0
+        for connection in self.connections.values():
+            if connection.dialect is not None:
+                by_dialect[connection.dialect.name] += 1
+                outbound += connection.outbound_bytes()
+        try:
+            self.metrics.publish(by_dialect, outbound)
+        except Exception:
+            logger.exception("publishing metrics failed")
+
+    # -- what dialects report about the messages they receive -----------------------------
+
+    def next_seq(self) -> int:
+        """The router's id of a message entering through this gateway (with the gateway id)."""
+        self._seq += 1
+        return self._seq
+
+    def accepted(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int) -> None:
+        dialect = meta[3]
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.messages_in[dialect] += 1
+            metrics.bytes_in[dialect] += nbytes
+        events = self.events
+        if events is not None and events.sampled(meta[1]):
+            events.ingress(meta[2], meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id)
+
+    def rejected(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int, reason: str) -> None:
+        dialect = meta[3]
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.rejections[(dialect, reason)] += 1
+        events = self.events
+        if events is not None and events.sampled(meta[1]):
+            events.rejected(meta[2], meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id,
+                            reason)
 
     # -- deliveries from shards -----------------------------------------------------------
 
     def deliver(self, bundle: tuple) -> None:
         self.sequencer.accept(bundle)
 
+    def unroutable(self, meta: tuple, nbytes: int, reason: str) -> None:
+        """An accepted message that could not be routed at all (e.g. its target is unknown)."""
+        if self.metrics is not None:
+            self.metrics.drops[(meta[3], reason)] += 1
+        events = self.events
+        if events is not None and events.sampled(meta[1]):
+            events.dropped(time.time_ns(), meta, nbytes, -1, reason)
+
     def _apply(self, items: list) -> None:
         connections = self.connections
-        for kind, payload, connection_ids in items:
+        for kind, payload, connection_ids, meta in items:
             if kind == DELIVER_EVENT:
                 for connection_id in connection_ids:
                     connection = connections.get(connection_id)
@@ -176,12 +258,50 @@ class Gateway:
                 continue
             opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
             frame = frame_header(opcode, len(payload)) + payload  # built once for every recipient
+            failed = None
             for connection_id in connection_ids:
                 connection = connections.get(connection_id)
-                if connection is not None and connection.send_frame(frame, opcode, payload):
-                    self.delivered += 1
-                else:
-                    self.undeliverable += 1
+                if connection is None or not connection.send_frame(frame, opcode, payload):
+                    if failed is None:
+                        failed = []
+                    failed.append(connection_id)
+            delivered = len(connection_ids) - (0 if failed is None else len(failed))
+            self.delivered += delivered
+            if failed is not None:
+                self.undeliverable += len(failed)
+            if meta is not None:
+                self._account(meta, len(payload), connection_ids, delivered, failed)
+
+    def _account(self, meta: tuple, nbytes: int, connection_ids: tuple, delivered: int, failed: list | None) -> None:
+        """Metrics and event-log records for one fan-out group."""
+        dialect = meta[3]
+        now_ns = time.time_ns()
+        metrics = self.metrics
+        if metrics is not None and delivered:
+            metrics.messages_out[dialect] += delivered
+            metrics.bytes_out[dialect] += delivered * nbytes
+            metrics.latency(dialect, (now_ns - meta[2]) / 1e9, time.monotonic())
+        reasons = None
+        if failed is not None:
+            reasons = [self._drop_reason(connection_id) for connection_id in failed]
+            if metrics is not None:
+                for reason in reasons:
+                    metrics.drops[(dialect, reason)] += 1
+        events = self.events
+        if events is not None and events.sampled(meta[1]):
+            if failed is None:
+                events.delivered(now_ns, meta, nbytes, connection_ids)
+            else:
+                gone = set(failed)
+                events.delivered(now_ns, meta, nbytes, [c for c in connection_ids if c not in gone])
+                for connection_id, reason in zip(failed, reasons):
+                    events.dropped(now_ns, meta, nbytes, connection_id, reason)
+
+    def _drop_reason(self, connection_id: int) -> str:
+        connection = self.connections.get(connection_id)
+        if connection is None or connection.ws is None or connection.ws.state is not OPEN:
+            return "closed"
+        return "slow_consumer"
 
     # -- HTTP -----------------------------------------------------------------------------
 
@@ -205,6 +325,7 @@ class Gateway:
             "shard_client": self.shards.stats(),
             "dialects": {d.name: d.stats() for d in self.dialects},
             "uptime_s": round(time.time() - self.started_at, 1),
+            "pid": os.getpid(),
         }
 
 
@@ -252,6 +373,9 @@ class GatewayActor:
 
     async def stats(self) -> dict[str, Any]:
         return self._gateway.stats()
+
+    async def flush_events(self) -> int:
+        return await self._gateway.flush_events()
 
     async def stop(self) -> None:
         if self._gateway is not None:

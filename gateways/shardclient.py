@@ -74,6 +74,7 @@ class ShardClient:
         self.timeout_s = timeout_s
         self.on_backlog = on_backlog
         self.max_pending = max_pending
+        self.on_batch: Callable[[int], None] | None = None  # observes each batch's size
         self.pending = 0  # commands not yet answered
         self.backlogged = False
         self.batches_sent = 0
@@ -136,6 +137,8 @@ class ShardClient:
             link.inflight.append(batch)
             self.batches_sent += 1
             self.commands_sent += len(commands)
+            if self.on_batch is not None:
+                self.on_batch(len(commands))
             try:
                 ref = link.handle.handle.remote(self.gateway_id, commands)
             except Exception as error:  # the handle itself is unusable

@@ -184,6 +184,25 @@ class GatewayConfig(_Section):
     sweep_interval_s: float = Field(default=1.0, gt=0)
 
 
+class AnalyticsConfig(_Section):
+    """The event log read by `router analytics` (Spark through RayDP)."""
+
+    enabled: bool = True
+    # Default: <data_dir>/events. On a cluster, point every node at shared storage to analyse all of it.
+    directory: Path | None = None
+    # Fraction of messages recorded, decided per message so a sampled message keeps all its deliveries.
+    sample_rate: float = Field(default=1.0, ge=0, le=1)
+    flush_interval_s: float = Field(default=2.0, gt=0)
+    retention_hours: float = Field(default=168, gt=0)
+
+
+class MetricsConfig(_Section):
+    """Live metrics through ray.util.metrics (Ray dashboard, Prometheus)."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=1.0, gt=0)
+
+
 def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "ray-ws-router"
 
@@ -211,6 +230,12 @@ class RouterSettings(BaseSettings):
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     signal: SignalHubConfig = Field(default_factory=SignalHubConfig)
+    analytics: AnalyticsConfig = Field(default_factory=AnalyticsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @property
+    def events_dir(self) -> Path:
+        return self.analytics.directory or self.data_dir / "events"
 
     @classmethod
     def settings_customise_sources(

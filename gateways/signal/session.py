@@ -101,7 +101,11 @@ class SignalSession(DialectSession):
         self.config = dialect.config
         self.hub = dialect.hub
         self.wire = wire
+        self.gateway = dialect.gateway
         self.shards = dialect.gateway.shards
+        self._seq = 0
+        self._t0 = 0
+        self._topic: str | None = None
         self.session_id: str | None = None
         self.identity: str | None = None
         self.capabilities: frozenset[str] = frozenset()
@@ -144,12 +148,15 @@ class SignalSession(DialectSession):
         if self.closing:
             return
         self.processed += 1
+        self._seq = self.gateway.next_seq()
+        self._t0 = time.time_ns()
+        self._topic = None
         if len(data) > self.config.max_message_bytes:
             self._refuse(SignalError(
                 codec.MESSAGE_TOO_LARGE,
                 f"Message of {len(data)} bytes exceeds the limit of {self.config.max_message_bytes} bytes",
                 {"size": len(data), "maxSize": self.config.max_message_bytes},
-            ))
+            ), None, len(data))
             return
         wait = self.bucket.take(now)
         if wait:
@@ -159,12 +166,12 @@ class SignalSession(DialectSession):
                 codec.RATE_LIMITED,
                 f"Rate limit of {limit:g} messages per minute exceeded",
                 {"retryAfter": TokenBucket.retry_after_ms(wait), "limit": limit, "window": "1m"},
-            ))
+            ), None, len(data))
             return
         try:
             request = codec.decode(data)
         except SignalError as error:
-            self._refuse(error)
+            self._refuse(error, None, len(data))
             return
         try:
             self._check(request)
@@ -174,7 +181,13 @@ class SignalSession(DialectSession):
                 error.reply_id = request.reply_id
             if error.reply_to is None:
                 error.reply_to = request.sender
-            self._refuse(error)
+            self._refuse(error, request, len(data))
+            return
+        self.gateway.accepted(self._meta(request.type), request.reply_id, len(data), self.wire.id)
+
+    def _meta(self, kind: str | None) -> tuple:
+        """Where and when the current message entered: travels with its deliveries (event log, latency)."""
+        return (self.gateway.id, self._seq, self._t0, DIALECT, kind, self._topic)
 
     def on_tick(self, now: float) -> None:
         if not self.closing and now - self.last_seen > self.config.heartbeat_timeout_s:
@@ -219,8 +232,13 @@ class SignalSession(DialectSession):
     def _reply(self, request: Request, kind: str, payload: dict[str, Any]) -> None:
         self._write_in_order(codec.encode(kind, self.hub, request.sender, payload, request.reply_id))
 
-    def _refuse(self, error: SignalError) -> None:
+    def _refuse(self, error: SignalError, request: Request | None, nbytes: int) -> None:
         self.failed += 1
+        reason = error.code
+        if reason == codec.INTERNAL_ERROR and error.details and "reason" in error.details:
+            reason = error.details["reason"]
+        self.gateway.rejected(self._meta(None if request is None else request.type),
+                              None if request is None else request.reply_id, nbytes, self.wire.id, reason)
         to = error.reply_to or self.identity
         self._write_in_order(codec.encode_error(self.hub, to, error.code, error.message, error.details, error.reply_id))
 
@@ -505,18 +523,23 @@ class SignalSession(DialectSession):
                                 field="to")
         # Fire-and-forget on success; the slot keeps a failure in order with the other replies.
         slot = self._slot()
+        self._topic = target
+        meta = self._meta(request.type)
 
         def sent(result: Any) -> None:
             if result is True:
                 self._fill(slot, _EMPTY)
-            elif isinstance(result, (CommandError, ShardUnavailable)):
-                self._fill_error(slot, request, self._shard_failure(result, request))
+                return
+            if isinstance(result, (CommandError, ShardUnavailable)):
+                error = self._shard_failure(result, request)
             else:
-                self._fill_error(slot, request, SignalError(
-                    codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected", {"targetActor": target}))
+                error = SignalError(codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected",
+                                    {"targetActor": target})
+            self.gateway.unroutable(meta, len(request.raw), error.code)
+            self._fill_error(slot, request, error)
 
         shards = self.shards
-        shards.send(shards.link(REGISTRY, target), ("send", target, request.raw, DELIVER_TEXT), sent)
+        shards.send(shards.link(REGISTRY, target), ("send", target, request.raw, DELIVER_TEXT, meta), sent)
 
     def _broadcast(self, request: Request) -> None:
         exclude_self = request.payload.get("excludeSelf", False)
@@ -528,16 +551,18 @@ class SignalSession(DialectSession):
             total = sum(results)
             return {"recipientCount": total, "successCount": total, "failureCount": 0}
 
-        self._ask_all(request, REGISTRY, ("broadcast", request.raw, DELIVER_TEXT, exclude), counted,
-                      "hub:broadcast_ack")
+        self._ask_all(request, REGISTRY, ("broadcast", request.raw, DELIVER_TEXT, exclude, self._meta(request.type)),
+                      counted, "hub:broadcast_ack")
 
     # -- pub/sub --------------------------------------------------------------------------
 
-    def _topic(self, request: Request) -> str:
-        return codec.string_field(request.payload, "topic", self.config.max_topic_length)
+    def _topic_of(self, request: Request) -> str:
+        topic = codec.string_field(request.payload, "topic", self.config.max_topic_length)
+        self._topic = topic
+        return topic
 
     def _subscribe(self, request: Request) -> None:
-        topic = self._topic(request)
+        topic = self._topic_of(request)
         address = request.payload.get("actorAddress", request.sender)
         address = codec.normalize_address(address) or request.sender
         session_id = self.session_id
@@ -550,7 +575,7 @@ class SignalSession(DialectSession):
         self._ask(request, TOPIC, key, ("sub", key, self.wire.id, address), subscribed, "hub:subscribed")
 
     def _unsubscribe(self, request: Request) -> None:
-        topic = self._topic(request)
+        topic = self._topic_of(request)
         session_id = self.session_id
 
         def unsubscribed(_: bool) -> dict:
@@ -561,9 +586,9 @@ class SignalSession(DialectSession):
         self._ask(request, TOPIC, key, ("unsub", key, self.wire.id), unsubscribed, "hub:unsubscribed")
 
     def _publish(self, request: Request) -> None:
-        topic = self._topic(request)
+        topic = self._topic_of(request)
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, ("pub", key, request.raw, DELIVER_TEXT, None),
+        self._ask(request, TOPIC, key, ("pub", key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
                   lambda count: {"topic": topic, "subscriberCount": count, "deliveredCount": count},
                   "hub:delivery_ack")
 

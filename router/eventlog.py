@@ -1,0 +1,253 @@
+"""The event log: one record per ingress, delivery and rejection, as rolled Parquet files.
+
+Layout: ``<dir>/date=YYYY-MM-DD/hour=HH/<gateway>-<first ts>-<flush no.>-<rows>.parquet`` (UTC), one file per
+flush and partition, written under a dot-name and renamed, so a reader never sees half a file.
+
+The hot path only appends tuples: one per message received, one per *fan-out group* (a message
+delivered to several connections of a gateway is one entry holding their ids), one per drop or
+rejection. Every ``flush_interval_s`` the event loop swaps the buffers and a writer thread expands
+the groups into rows with pyarrow and writes the files. Sampling is decided per message (its
+sequence number), so a sampled message keeps all its deliveries and fan-out stays exact.
+"""
+
+from __future__ import annotations
+
+import calendar
+import io
+import itertools
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = pa.schema(
+    [
+        ("ts_ns", pa.int64()),  # when the router saw it (UTC epoch ns)
+        ("dialect", pa.string()),
+        ("direction", pa.string()),  # "in" (from a client) or "out" (to a client)
+        ("kind", pa.string()),  # the protocol's message type, e.g. hub:publish
+        ("topic", pa.string()),  # topic, or target address for point-to-point
+        ("gateway", pa.string()),  # the gateway that wrote the record
+        ("connection", pa.int64()),  # opaque id, unique within its gateway
+        ("origin", pa.string()),  # gateway where the message entered the router
+        ("msg_seq", pa.int64()),  # with origin: the router's id of the message
+        ("protocol_id", pa.string()),  # the protocol's own message id (correlationId, msgId), if any
+        ("bytes", pa.int64()),
+        ("latency_ns", pa.int64()),  # deliveries: egress time - ingress time
+        ("outcome", pa.string()),  # accepted, delivered, rejected, dropped
+        ("reason", pa.string()),  # for rejected/dropped: rate_limited, slow_consumer, ...
+    ]
+)
+COLUMNS = SCHEMA.names
+
+# meta travelling with a delivery: (origin gateway, msg_seq, ingress ts_ns, dialect, kind, topic)
+Meta = tuple
+
+
+class EventLog:
+    """Buffers records for one gateway and writes them as Parquet off the event loop."""
+
+    def __init__(
+        self,
+        directory: Path,
+        gateway_id: str,
+        sample_rate: float = 1.0,
+        retention_hours: float = 168,
+    ) -> None:
+        self.directory = Path(directory)
+        self.gateway_id = gateway_id
+        self.sample_every = max(1, round(1 / sample_rate)) if sample_rate > 0 else 0
+        self.retention_ns = int(retention_hours * 3600 * 1e9)
+        # (ts_ns, meta, protocol_id, bytes, connection, outcome, reason): one row each
+        self._rows: list[tuple] = []
+        # (ts_ns, meta, bytes, connection ids): one row per connection
+        self._groups: list[tuple] = []
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
+        self._pending: list[Future] = []
+        self._last_retention = 0.0
+        self._files = itertools.count()
+        self.rows_written = 0
+        self.files_written = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def warm_up(self) -> Future:
+        """Run one tiny conversion and write: pyarrow imports and initialises what they need on first
+        use (about a second of CPU); the gateway waits for this before it takes traffic."""
+        return self._writer.submit(_warm_up)
+
+    # -- hot path: one tuple appended per record ------------------------------------------
+
+    def sampled(self, seq: int) -> bool:
+        every = self.sample_every
+        return every == 1 or (every > 1 and seq % every == 0)
+
+    def ingress(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int) -> None:
+        self._rows.append((ts_ns, meta, protocol_id, nbytes, connection, "accepted", None))
+
+    def rejected(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int,
+                 reason: str) -> None:
+        self._rows.append((ts_ns, meta, protocol_id, nbytes, connection, "rejected", reason))
+
+    def delivered(self, ts_ns: int, meta: Meta, nbytes: int, connections: tuple[int, ...] | list[int]) -> None:
+        """One fan-out group; ``connections`` is kept as it is (a tuple or a list not changed later)."""
+        self._groups.append((ts_ns, meta, nbytes, connections))
+
+    def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
+        self._rows.append((ts_ns, meta, None, nbytes, connection, "dropped", reason))
+
+    # -- flushing -------------------------------------------------------------------------
+
+    def flush(self) -> Future | None:
+        """Hand the buffered records to the writer thread (call from the event loop)."""
+        if not self._rows and not self._groups:
+            return None
+        rows, groups = self._rows, self._groups
+        self._rows, self._groups = [], []
+        future = self._writer.submit(self._write, rows, groups)
+        self._pending = [f for f in self._pending if not f.done()] + [future]
+        return future
+
+    def close(self, timeout: float = 30) -> None:
+        self.flush()
+        for future in self._pending:
+            future.result(timeout)
+        self._writer.shutdown(wait=True)
+
+    def _write(self, rows: list[tuple], groups: list[tuple]) -> None:
+        try:
+            parts = []
+            if rows:
+                parts.append(self._rows_table(rows))
+            if groups:
+                parts.append(self._groups_table(groups))
+            self._write_partitions(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
+            self._apply_retention()
+        except Exception:
+            logger.exception("event log: writing %d rows failed", len(rows) + len(groups))
+
+    def _rows_table(self, rows: list[tuple]) -> pa.Table:
+        """Ingress, rejection and drop records: ingress ones are "in", drops "out" (with latency)."""
+        outcome = pa.array(_column(rows, 5), pa.string())
+        outbound = pc.equal(outcome, "dropped")
+        return self._assemble(
+            rows, pa.array(_column(rows, 2), pa.string()), _column(rows, 3), pa.array(_column(rows, 4), pa.int64()),
+            outcome, pa.array(_column(rows, 6), pa.string()), pc.if_else(outbound, "out", "in"), outbound,
+        )
+
+    def _groups_table(self, groups: list[tuple]) -> pa.Table:
+        """One row per delivered connection, from one entry per fan-out group."""
+        connections = _column(groups, 3)
+        lengths = np.fromiter(map(len, connections), dtype=np.int64, count=len(groups))
+        total = int(lengths.sum())
+        index = None if total == len(groups) else pa.array(np.repeat(np.arange(len(groups)), lengths))
+        flat = np.fromiter(itertools.chain.from_iterable(connections), dtype=np.int64, count=total)
+        return self._assemble(
+            groups, pa.nulls(total, pa.string()), _column(groups, 2), pa.array(flat),
+            _constant("delivered", total), pa.nulls(total, pa.string()), _constant("out", total), True, index,
+        )
+
+    def _assemble(self, records: list[tuple], protocol_id: pa.Array, sizes: list, connection: pa.Array,
+                  outcome: pa.Array, reason: pa.Array, direction: pa.Array, has_latency: Any,
+                  index: pa.Array | None = None) -> pa.Table:
+        """The table; ``records`` start with (ts_ns, meta); ``index`` repeats a group's values per connection.
+
+        Columns are pulled with itemgetter, not ``zip(*records)``: that would allocate an iterator per
+        record, and the garbage collector would walk the whole heap several times per flush.
+        """
+        metas = _column(records, 1)
+        ts_ns = np.fromiter(map(itemgetter(0), records), dtype=np.int64, count=len(records))
+        t0 = np.fromiter(map(itemgetter(2), metas), dtype=np.int64, count=len(records))
+        latency = pa.array(ts_ns - t0)
+        if has_latency is not True:
+            latency = pc.if_else(has_latency, latency, pa.scalar(None, pa.int64()))
+
+        def per_record(values: Any, type_: pa.DataType) -> pa.Array:
+            array = values if isinstance(values, pa.Array) else pa.array(values, type_)
+            return array if index is None else array.take(index)
+
+        def meta_field(position: int, type_: pa.DataType) -> pa.Array:
+            return per_record(_column(metas, position), type_)
+
+        return pa.Table.from_arrays(
+            [
+                per_record(ts_ns, pa.int64()),
+                meta_field(3, pa.string()),  # dialect
+                direction,
+                meta_field(4, pa.string()),  # kind
+                meta_field(5, pa.string()),  # topic
+                _constant(self.gateway_id, len(connection)),
+                connection,
+                meta_field(0, pa.string()),  # origin
+                meta_field(1, pa.int64()),  # msg_seq
+                protocol_id,
+                per_record(sizes, pa.int64()),
+                per_record(latency, pa.int64()),
+                outcome,
+                reason,
+            ],
+            schema=SCHEMA,
+        )
+
+    def _write_partitions(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        hours = pa.array(table["ts_ns"].to_numpy() // 3_600_000_000_000)
+        distinct = pc.unique(hours).to_pylist()
+        for hour in distinct:
+            part = table if len(distinct) == 1 else table.filter(pc.equal(hours, hour))
+            stamp = time.gmtime(hour * 3600)
+            folder = self.directory / f"date={time.strftime('%Y-%m-%d', stamp)}" / f"hour={stamp.tm_hour:02d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            first = pc.min(part["ts_ns"]).as_py()
+            # the flush number keeps two flushes that start in the same nanosecond apart
+            name = f"{self.gateway_id}-{first}-{next(self._files)}-{part.num_rows}.parquet"
+            temporary = folder / f".{name}.tmp"
+            pq.write_table(part.sort_by("ts_ns"), temporary, compression="zstd")
+            os.replace(temporary, folder / name)
+            self.rows_written += part.num_rows
+            self.files_written += 1
+
+    def _apply_retention(self) -> None:
+        now = time.time()
+        if now - self._last_retention < 600:
+            return
+        self._last_retention = now
+        cutoff_hour = int((time.time_ns() - self.retention_ns) // 3_600_000_000_000)
+        for date_dir in self.directory.glob("date=*"):
+            for hour_dir in date_dir.glob("hour=*"):
+                try:
+                    stamp = time.strptime(f"{date_dir.name[5:]} {hour_dir.name[5:]}", "%Y-%m-%d %H")
+                except ValueError:
+                    continue
+                if int(calendar.timegm(stamp) // 3600) < cutoff_hour:
+                    shutil.rmtree(hour_dir, ignore_errors=True)
+            if date_dir.is_dir() and not any(date_dir.iterdir()):
+                shutil.rmtree(date_dir, ignore_errors=True)
+
+
+def _column(records: list[tuple], position: int) -> list:
+    return list(map(itemgetter(position), records))
+
+
+def _constant(value: str, count: int) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(count, dtype=np.int8)), [value]).cast(pa.string())
+
+
+def _warm_up() -> None:
+    log = EventLog.__new__(EventLog)
+    log.gateway_id = "warm-up"
+    meta = ("warm-up", 1, 0, "", "", None)
+    table = pa.concat_tables([log._rows_table([(1, meta, None, 1, 1, "dropped", "")]),
+                              log._groups_table([(1, meta, 1, (1, 2))])])
+    pq.write_table(table.sort_by("ts_ns"), io.BytesIO(), compression="zstd")

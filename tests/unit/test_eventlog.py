@@ -1,0 +1,486 @@
+"""router/eventlog.py: buffered event records written as hour-partitioned Parquet files.
+
+Records carry fixed timestamps (March 2026), so the folders they land in are known exactly. The
+log applies retention against the wall clock on its first write, so every log here keeps data
+(practically) forever, except in the retention tests, which use timestamps relative to now.
+"""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from router.eventlog import COLUMNS, SCHEMA, EventLog
+
+GATEWAY = "gw-a"
+OTHER_GATEWAY = "gw-b"
+KEEP_FOREVER = 1_000_000  # hours (~114 years): retention never touches the fixed 2026 timestamps
+HOUR_NS = 3_600_000_000_000
+WAIT = 30
+
+
+def at(year: int, month: int, day: int, hour: int, minute: int = 0, second: int = 0, ns: int = 0) -> int:
+    """A UTC time as epoch nanoseconds, computed with integers only."""
+    return calendar.timegm((year, month, day, hour, minute, second)) * 1_000_000_000 + ns
+
+
+T0 = at(2026, 3, 1, 10, 15)  # 2026-03-01 10:15:00 UTC
+
+
+def meta(seq: int = 7, t0: int = T0, origin: str = GATEWAY, dialect: str = "signal", kind: str = "hub:publish",
+         topic: str | None = "rooms/lobby") -> tuple:
+    """(origin gateway, msg_seq, ingress ts_ns, dialect, kind, topic)"""
+    return (origin, seq, t0, dialect, kind, topic)
+
+
+def row(**values: object) -> dict:
+    """A full row: every column, None unless given."""
+    unknown = set(values) - set(COLUMNS)
+    assert not unknown, unknown
+    return {name: values.get(name) for name in COLUMNS}
+
+
+def files_under(directory: Path) -> list[str]:
+    """Every file below ``directory`` (hidden ones included), as sorted relative POSIX paths."""
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+def read_rows(directory: Path) -> list[dict]:
+    """All rows of all Parquet files below ``directory``, ordered by (ts_ns, connection)."""
+    table = ds.dataset(directory, format="parquet", schema=SCHEMA).to_table()
+    return sorted(table.to_pylist(), key=lambda r: (r["ts_ns"], r["connection"]))
+
+
+def written(log: EventLog) -> None:
+    """Flush and wait for the writer thread."""
+    future = log.flush()
+    assert future is not None
+    assert future.result(timeout=WAIT) is None
+
+
+@pytest.fixture
+def events_dir(tmp_path: Path) -> Path:
+    return tmp_path / "events"
+
+
+@pytest.fixture
+def log(events_dir: Path):
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    yield log
+    log.close()
+
+
+# -- schema ---------------------------------------------------------------------------------------
+
+
+def test_columns_are_the_schema_names_in_order():
+    assert COLUMNS == [
+        "ts_ns", "dialect", "direction", "kind", "topic", "gateway", "connection", "origin", "msg_seq",
+        "protocol_id", "bytes", "latency_ns", "outcome", "reason",
+    ]
+
+
+def test_schema_types():
+    int64 = {"ts_ns", "connection", "msg_seq", "bytes", "latency_ns"}
+    assert {f.name: f.type for f in SCHEMA} == {
+        name: pa.int64() if name in int64 else pa.string() for name in COLUMNS
+    }
+    assert all(f.nullable for f in SCHEMA)
+
+
+def test_constructor_creates_the_directory(events_dir):
+    EventLog(events_dir / "nested" / "deeper", GATEWAY).close()
+    assert (events_dir / "nested" / "deeper").is_dir()
+
+
+# -- records --------------------------------------------------------------------------------------
+
+
+def test_ingress_is_one_accepted_in_row(log, events_dir):
+    log.ingress(T0, meta(seq=7), "corr-1", 120, 3)
+    written(log)
+    assert read_rows(events_dir) == [
+        row(ts_ns=T0, dialect="signal", direction="in", kind="hub:publish", topic="rooms/lobby", gateway=GATEWAY,
+            connection=3, origin=GATEWAY, msg_seq=7, protocol_id="corr-1", bytes=120, latency_ns=None,
+            outcome="accepted", reason=None),
+    ]
+
+
+def test_ingress_takes_its_timestamp_from_the_argument_not_the_meta(log, events_dir):
+    log.ingress(T0 + 5, meta(t0=T0), None, 10, 1)
+    written(log)
+    [only] = read_rows(events_dir)
+    assert only["ts_ns"] == T0 + 5
+    assert only["latency_ns"] is None
+
+
+def test_ingress_without_protocol_id_or_topic_stores_nulls(log, events_dir):
+    log.ingress(T0, meta(topic=None), None, 10, 1)
+    written(log)
+    [only] = read_rows(events_dir)
+    assert only["protocol_id"] is None
+    assert only["topic"] is None
+
+
+def test_rejected_is_one_in_row_with_its_reason(log, events_dir):
+    log.rejected(T0, meta(seq=8, kind="hub:subscribe", topic="rooms/vip"), "corr-2", 64, 4, "rate_limited")
+    written(log)
+    assert read_rows(events_dir) == [
+        row(ts_ns=T0, dialect="signal", direction="in", kind="hub:subscribe", topic="rooms/vip", gateway=GATEWAY,
+            connection=4, origin=GATEWAY, msg_seq=8, protocol_id="corr-2", bytes=64, latency_ns=None,
+            outcome="rejected", reason="rate_limited"),
+    ]
+
+
+def test_delivered_fan_out_group_expands_to_one_row_per_connection(log, events_dir):
+    # The message entered the router at another gateway; this gateway delivered it to three connections.
+    log.delivered(T0 + 1_500, meta(seq=9, origin=OTHER_GATEWAY), 200, (11, 12, 13))
+    written(log)
+    assert read_rows(events_dir) == [
+        row(ts_ns=T0 + 1_500, dialect="signal", direction="out", kind="hub:publish", topic="rooms/lobby",
+            gateway=GATEWAY, connection=connection, origin=OTHER_GATEWAY, msg_seq=9, protocol_id=None, bytes=200,
+            latency_ns=1_500, outcome="delivered", reason=None)
+        for connection in (11, 12, 13)
+    ]
+
+
+def test_delivered_groups_keep_their_own_meta_and_latency(log, events_dir):
+    log.delivered(T0 + 100, meta(seq=1, t0=T0, dialect="signal", kind="a", topic="t1"), 10, [1, 2])
+    log.delivered(T0 + 900, meta(seq=2, t0=T0 + 400, dialect="mqtt", kind="b", topic="t2"), 20, [3])
+    written(log)
+    assert [
+        (r["ts_ns"], r["connection"], r["msg_seq"], r["dialect"], r["kind"], r["topic"], r["bytes"], r["latency_ns"])
+        for r in read_rows(events_dir)
+    ] == [
+        (T0 + 100, 1, 1, "signal", "a", "t1", 10, 100),
+        (T0 + 100, 2, 1, "signal", "a", "t1", 10, 100),
+        (T0 + 900, 3, 2, "mqtt", "b", "t2", 20, 500),
+    ]
+
+
+def test_delivered_group_without_connections_adds_no_rows(log, events_dir):
+    log.delivered(T0 + 100, meta(seq=1), 10, ())
+    log.delivered(T0 + 200, meta(seq=2), 10, (5,))
+    written(log)
+    assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(2, 5)]
+    assert log.rows_written == 1
+
+
+def test_dropped_is_one_out_row_with_latency_and_reason(log, events_dir):
+    log.dropped(T0 + 2_000, meta(seq=10, origin=OTHER_GATEWAY), 300, 21, "slow_consumer")
+    written(log)
+    assert read_rows(events_dir) == [
+        row(ts_ns=T0 + 2_000, dialect="signal", direction="out", kind="hub:publish", topic="rooms/lobby",
+            gateway=GATEWAY, connection=21, origin=OTHER_GATEWAY, msg_seq=10, protocol_id=None, bytes=300,
+            latency_ns=2_000, outcome="dropped", reason="slow_consumer"),
+    ]
+
+
+def test_unroutable_drop_has_connection_minus_one(log, events_dir):
+    log.dropped(T0 + 50, meta(seq=11), 30, -1, "no_route")
+    written(log)
+    [only] = read_rows(events_dir)
+    assert (only["connection"], only["outcome"], only["reason"], only["latency_ns"]) == (-1, "dropped", "no_route", 50)
+
+
+def test_one_flush_writes_every_kind_of_record_together(log, events_dir):
+    m = meta(seq=42, t0=T0)
+    log.ingress(T0, m, "p-42", 100, 1)
+    log.delivered(T0 + 10, m, 100, (2, 3))
+    log.dropped(T0 + 20, m, 100, 4, "slow_consumer")
+    log.rejected(T0 + 30, meta(seq=43, t0=T0 + 30), "p-43", 50, 1, "too_large")
+    written(log)
+    assert [(r["ts_ns"] - T0, r["direction"], r["connection"], r["outcome"], r["latency_ns"], r["reason"])
+            for r in read_rows(events_dir)] == [
+        (0, "in", 1, "accepted", None, None),
+        (10, "out", 2, "delivered", 10, None),
+        (10, "out", 3, "delivered", 10, None),
+        (20, "out", 4, "dropped", 20, "slow_consumer"),
+        (30, "in", 1, "rejected", None, "too_large"),
+    ]
+    [path] = files_under(events_dir)
+    assert pq.read_schema(events_dir / path).equals(SCHEMA)
+
+
+def test_rows_in_a_file_are_sorted_by_timestamp(log, events_dir):
+    log.ingress(T0 + 30, meta(seq=3), None, 1, 1)
+    log.delivered(T0 + 10, meta(seq=1), 1, (1,))
+    log.ingress(T0 + 20, meta(seq=2), None, 1, 1)
+    log.dropped(T0, meta(seq=0), 1, 1, "slow_consumer")
+    written(log)
+    [path] = files_under(events_dir)
+    assert pq.read_table(events_dir / path)["ts_ns"].to_pylist() == [T0, T0 + 10, T0 + 20, T0 + 30]
+
+
+# -- flushing -------------------------------------------------------------------------------------
+
+
+def test_flush_returns_a_future_of_the_write(log, events_dir):
+    log.ingress(T0, meta(), None, 1, 1)
+    future = log.flush()
+    assert isinstance(future, Future)
+    assert future.result(timeout=WAIT) is None
+    assert log.rows_written == 1
+
+
+def test_flush_with_nothing_buffered_returns_none_and_writes_nothing(log, events_dir):
+    assert log.flush() is None
+    assert files_under(events_dir) == []
+    assert (log.rows_written, log.files_written) == (0, 0)
+
+
+def test_flush_empties_the_buffers(log, events_dir):
+    log.ingress(T0, meta(), None, 1, 1)
+    log.delivered(T0 + 1, meta(), 1, (2,))
+    written(log)
+    assert log.flush() is None
+    assert (log.rows_written, log.files_written) == (2, 1)
+
+
+def test_close_flushes_what_is_buffered_and_waits(events_dir):
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    log.delivered(T0 + 5, meta(seq=1), 1, (2, 3))
+    log.close()
+    assert (log.rows_written, log.files_written) == (3, 1)
+    assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(1, 1), (1, 2), (1, 3)]
+
+
+def test_close_waits_for_earlier_flushes_too(events_dir):
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    log.flush()
+    log.ingress(T0 + 1, meta(seq=2), None, 1, 1)
+    log.close()
+    assert (log.rows_written, log.files_written) == (2, 2)
+    assert [r["msg_seq"] for r in read_rows(events_dir)] == [1, 2]
+
+
+def test_close_with_nothing_buffered_writes_nothing(events_dir):
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    log.close()
+    assert files_under(events_dir) == []
+
+
+def test_a_failed_write_is_logged_not_raised(log, events_dir, caplog):
+    (events_dir / "date=2026-03-01").write_text("a file where the date folder should be")
+    log.ingress(T0, meta(), None, 1, 1)
+    with caplog.at_level(logging.ERROR, logger="router.eventlog"):
+        written(log)
+    assert [r.getMessage() for r in caplog.records] == ["event log: writing 1 rows failed"]
+    assert (log.rows_written, log.files_written) == (0, 0)
+
+
+# -- partitioning ---------------------------------------------------------------------------------
+
+
+def test_records_land_in_the_folder_of_their_utc_hour(log, events_dir):
+    last_of_10 = at(2026, 3, 1, 10, 59, 59, 999_999_999)
+    first_of_11 = at(2026, 3, 1, 11)
+    log.ingress(last_of_10, meta(seq=1), None, 1, 1)
+    log.ingress(first_of_11, meta(seq=2), None, 1, 1)
+    log.delivered(first_of_11 + 7, meta(seq=2, t0=first_of_11), 1, (2, 3))
+    written(log)
+    assert files_under(events_dir) == [
+        f"date=2026-03-01/hour=10/{GATEWAY}-{last_of_10}-0-1.parquet",
+        f"date=2026-03-01/hour=11/{GATEWAY}-{first_of_11}-1-3.parquet",
+    ]
+    hour_10 = pq.read_table(events_dir / "date=2026-03-01" / "hour=10" / f"{GATEWAY}-{last_of_10}-0-1.parquet")
+    hour_11 = pq.read_table(events_dir / "date=2026-03-01" / "hour=11" / f"{GATEWAY}-{first_of_11}-1-3.parquet")
+    assert hour_10["msg_seq"].to_pylist() == [1]
+    assert hour_11["msg_seq"].to_pylist() == [2, 2, 2]
+
+
+def test_partitions_follow_the_utc_date_across_midnight(log, events_dir):
+    before = at(2026, 2, 28, 23, 59, 59)
+    after = at(2026, 3, 1, 0, 0, 0)
+    log.ingress(before, meta(seq=1), None, 1, 1)
+    log.ingress(after, meta(seq=2), None, 1, 1)
+    written(log)
+    assert files_under(events_dir) == [
+        f"date=2026-02-28/hour=23/{GATEWAY}-{before}-0-1.parquet",
+        f"date=2026-03-01/hour=00/{GATEWAY}-{after}-1-1.parquet",
+    ]
+
+
+def test_file_name_is_gateway_first_timestamp_flush_number_and_row_count(log, events_dir):
+    log.ingress(T0 + 300, meta(seq=1), None, 1, 1)
+    log.delivered(T0 + 100, meta(seq=0), 1, (1, 2, 3, 4))
+    written(log)
+    [path] = files_under(events_dir)
+    assert Path(path).name == f"{GATEWAY}-{T0 + 100}-0-5.parquet"
+    assert Path(path).name.startswith(GATEWAY)
+
+
+def test_each_flush_writes_its_own_file(log, events_dir):
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    written(log)
+    log.ingress(T0 + 1, meta(seq=2), None, 1, 1)
+    log.ingress(T0 + 2, meta(seq=3), None, 1, 1)
+    written(log)
+    assert files_under(events_dir) == [
+        f"date=2026-03-01/hour=10/{GATEWAY}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{T0 + 1}-1-2.parquet",
+    ]
+
+
+def test_two_flushes_starting_in_the_same_nanosecond_keep_both_files(log, events_dir):
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    written(log)
+    log.ingress(T0, meta(seq=2), None, 1, 1)
+    written(log)
+    assert files_under(events_dir) == [
+        f"date=2026-03-01/hour=10/{GATEWAY}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{T0}-1-1.parquet",
+    ]
+    assert [r["msg_seq"] for r in read_rows(events_dir)] == [1, 2]
+
+
+def test_no_temporary_or_hidden_files_remain(log, events_dir):
+    for hour in range(3):
+        log.ingress(T0 + hour * HOUR_NS, meta(seq=hour), None, 1, 1)
+    written(log)
+    paths = files_under(events_dir)
+    assert len(paths) == 3
+    assert [p for p in paths if any(part.startswith(".") for part in p.split("/")) or p.endswith(".tmp")] == []
+
+
+def test_counters_count_rows_and_files_across_flushes(log, events_dir):
+    assert (log.rows_written, log.files_written) == (0, 0)
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    log.ingress(T0 + HOUR_NS, meta(seq=2), None, 1, 1)
+    written(log)
+    assert (log.rows_written, log.files_written) == (2, 2)
+    log.delivered(T0 + 1, meta(seq=1), 1, (4, 5, 6))
+    written(log)
+    assert (log.rows_written, log.files_written) == (5, 3)
+
+
+def test_two_gateways_share_a_directory_without_clashing(events_dir):
+    a = EventLog(events_dir, "gw-a", retention_hours=KEEP_FOREVER)
+    b = EventLog(events_dir, "gw-b", retention_hours=KEEP_FOREVER)
+    a.ingress(T0, meta(seq=1, origin="gw-a"), None, 1, 1)
+    b.ingress(T0, meta(seq=1, origin="gw-b"), None, 1, 1)
+    a.close()
+    b.close()
+    assert files_under(events_dir) == [
+        f"date=2026-03-01/hour=10/gw-a-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/gw-b-{T0}-0-1.parquet",
+    ]
+
+
+# -- sampling -------------------------------------------------------------------------------------
+
+
+def test_sample_rate_one_samples_every_message(events_dir):
+    log = EventLog(events_dir, GATEWAY, sample_rate=1)
+    assert [seq for seq in range(10) if log.sampled(seq)] == list(range(10))
+    log.close()
+
+
+def test_sample_rate_a_quarter_samples_every_fourth_sequence_number(events_dir):
+    log = EventLog(events_dir, GATEWAY, sample_rate=0.25)
+    assert [seq for seq in range(20) if log.sampled(seq)] == [0, 4, 8, 12, 16]
+    log.close()
+
+
+def test_sample_rate_zero_samples_nothing(events_dir):
+    log = EventLog(events_dir, GATEWAY, sample_rate=0)
+    assert [seq for seq in range(20) if log.sampled(seq)] == []
+    log.close()
+
+
+def test_sample_rate_is_rounded_to_one_in_n(events_dir):
+    log = EventLog(events_dir, GATEWAY, sample_rate=0.3)  # 1 / 0.3 = 3.33 -> every 3rd
+    assert [seq for seq in range(10) if log.sampled(seq)] == [0, 3, 6, 9]
+    log.close()
+
+
+# -- retention ------------------------------------------------------------------------------------
+
+
+def hour_folder(directory: Path, ts_ns: int) -> Path:
+    stamp = time.gmtime(ts_ns // 1_000_000_000)
+    return directory / f"date={time.strftime('%Y-%m-%d', stamp)}" / f"hour={stamp.tm_hour:02d}"
+
+
+def old_folder(directory: Path, ts_ns: int) -> Path:
+    """An hour folder of an earlier run, holding one (dummy) file."""
+    folder = hour_folder(directory, ts_ns)
+    folder.mkdir(parents=True)
+    (folder / "gw-old-1-1.parquet").write_bytes(b"old")
+    return folder
+
+
+def test_retention_removes_hour_folders_older_than_retention_and_their_empty_date(events_dir):
+    now = time.time_ns()
+    stale = old_folder(events_dir, now - 30 * 24 * HOUR_NS)
+    log = EventLog(events_dir, GATEWAY, retention_hours=24)
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert not stale.exists()
+    assert not stale.parent.exists()
+    current = hour_folder(events_dir, now)
+    assert [p.name for p in current.iterdir()] == [f"{GATEWAY}-{now}-0-1.parquet"]
+
+
+def test_retention_keeps_hour_folders_within_retention(events_dir):
+    now = time.time_ns()
+    recent = old_folder(events_dir, now - 2 * HOUR_NS)
+    log = EventLog(events_dir, GATEWAY, retention_hours=24)
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert [p.name for p in recent.iterdir()] == ["gw-old-1-1.parquet"]
+
+
+def test_retention_keeps_a_date_folder_that_still_has_recent_hours(events_dir):
+    # Two folders of one old date: retention is set so its cutoff falls at noon of that date, so
+    # hour 00 is past it and hour 23 is not (a clock tick to the next hour moves the cutoff to 13:00).
+    now = time.time_ns()
+    day_hour = (now // HOUR_NS // 24 - 41) * 24  # midnight UTC 41 days ago, in epoch hours
+    expired = old_folder(events_dir, day_hour * HOUR_NS)
+    kept = old_folder(events_dir, (day_hour + 23) * HOUR_NS)
+    log = EventLog(events_dir, GATEWAY, retention_hours=now // HOUR_NS - (day_hour + 12))
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert not expired.exists()
+    assert [p.name for p in kept.iterdir()] == ["gw-old-1-1.parquet"]
+
+
+def test_retention_leaves_folders_it_cannot_parse_alone(events_dir):
+    odd = events_dir / "date=someday" / "hour=noon"
+    odd.mkdir(parents=True)
+    (odd / "x.parquet").write_bytes(b"x")
+    now = time.time_ns()
+    log = EventLog(events_dir, GATEWAY, retention_hours=1)
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert (odd / "x.parquet").read_bytes() == b"x"
+
+
+def test_retention_runs_at_most_every_ten_minutes(events_dir):
+    now = time.time_ns()
+    log = EventLog(events_dir, GATEWAY, retention_hours=24)
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)  # the first write applies retention
+    stale = old_folder(events_dir, now - 30 * 24 * HOUR_NS)
+    log.ingress(now + 1, meta(t0=now), None, 1, 1)
+    written(log)  # within 600 s of the last run: not applied again
+    assert stale.is_dir()
+    log._last_retention -= 601  # as if ten minutes had passed
+    log.ingress(now + 2, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert not stale.exists()
