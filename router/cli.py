@@ -8,6 +8,8 @@ import logging
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from router import __version__
@@ -97,6 +99,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analytics(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    from router.analytics import AnalyticsError, parse_duration, parse_instant, run_report, summary_text
+
+    def progress(message: str) -> None:
+        print(f"analytics: {message}", flush=True)
+
+    try:
+        now = time.time_ns()
+        since = parse_instant(args.since, now)
+        until = parse_instant(args.until, now)
+        window = parse_duration(args.window)
+        events_dir = Path(args.events) if args.events else settings.events_dir
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        out = Path(args.out) if args.out else Path(f"router-report-{stamp}")
+        report = run_report(events_dir, out, since, until, window, args.top, settings.ray_address, progress)
+    except AnalyticsError as error:
+        print(f"router analytics: {error}", file=sys.stderr, flush=True)
+        return 1
+    print()
+    print(summary_text(report.frames))
+    print(f"\nreport written to {report.out_dir.resolve()}:")
+    for path in report.files:
+        print(f"  {path.name}")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     print(settings.model_dump_json(indent=2, exclude={"signal": {"auth": {"secret"}}}))
@@ -124,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
     common(status)
     status.add_argument("--json", action="store_true", help="print the full status as JSON")
     status.set_defaults(func=cmd_status)
+
+    analytics = sub.add_parser("analytics", help="throughput report from the event log (Spark on Ray via RayDP)")
+    common(analytics)
+    analytics.add_argument("--since", default="1h", help="start: a duration ago (1h, 30m) or an ISO time (default 1h)")
+    analytics.add_argument("--until", default=None, help="end: 'now' (default), a duration ago, or an ISO time")
+    analytics.add_argument("--out", help="output folder (default ./router-report-<time>)")
+    analytics.add_argument("--window", default="10s", help="time window of the throughput tables (default 10s)")
+    analytics.add_argument("--top", type=int, default=10, help="rows in the top-topics/connections tables")
+    analytics.add_argument("--events", help="event log folder (default <data_dir>/events)")
+    analytics.set_defaults(func=cmd_analytics)
 
     config = sub.add_parser("config", help="print the effective configuration (secrets hidden)")
     common(config)

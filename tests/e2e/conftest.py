@@ -73,9 +73,10 @@ def ray_runtime() -> str:
 
 
 @pytest.fixture(scope="session")
-def hub(ray_runtime: str) -> RunningRouter:
+def hub(ray_runtime: str, tmp_path_factory) -> RunningRouter:
     running = start_router(
         namespace="e2e-hub",
+        data_dir=tmp_path_factory.mktemp("hub-data"),
         port=0,
         gateways=2,
         ray_dashboard=False,
@@ -87,9 +88,10 @@ def hub(ray_runtime: str) -> RunningRouter:
 
 
 @pytest.fixture(scope="session")
-def open_hub(ray_runtime: str) -> RunningRouter:
+def open_hub(ray_runtime: str, tmp_path_factory) -> RunningRouter:
     running = start_router(
         namespace="e2e-open",
+        data_dir=tmp_path_factory.mktemp("open-data"),
         port=0,
         gateways=1,
         ray_dashboard=False,

@@ -69,9 +69,9 @@ async def _hello(url: str) -> dict:
     return reply
 
 
-def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime):
+def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime, tmp_path):
     served = Served([ROUTER, "serve", "--address", ray_runtime, "--namespace", "e2e-cli", "--port", "0",
-                     "--gateways", "2"], env={"ROUTER_RAY_DASHBOARD": "false"})
+                     "--gateways", "2"], env={"ROUTER_RAY_DASHBOARD": "false", "ROUTER_DATA_DIR": str(tmp_path)})
     try:
         served.wait_for(r"router: ready", 120)
         urls = [m for line in served.lines for m in READY_URL.findall(line)]
@@ -104,8 +104,9 @@ def test_invalid_configuration_fails_at_start_naming_the_field():
     assert "signal.heartbeat_timeout_s: Input should be a valid number" in result.stderr
 
 
-def test_make_serve_starts_an_embedded_router_that_answers_a_signal_hub_client():
-    served = Served(["make", "serve", "ARGS=--port 0 --namespace e2e-make"], env={"ROUTER_RAY_DASHBOARD": "false"})
+def test_make_serve_starts_an_embedded_router_that_answers_a_signal_hub_client(tmp_path):
+    served = Served(["make", "serve", "ARGS=--port 0 --namespace e2e-make"],
+                    env={"ROUTER_RAY_DASHBOARD": "false", "ROUTER_DATA_DIR": str(tmp_path)})
     try:
         served.wait_for(r"router: ready", 180)
         url = next(m for line in served.lines for m in READY_URL.findall(line))

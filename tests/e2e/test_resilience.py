@@ -39,10 +39,11 @@ def _free_consecutive_ports(count: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def fragile(ray_runtime):
+def fragile(ray_runtime, tmp_path_factory):
     port = _free_consecutive_ports(2)
     running = start_router(
         namespace="e2e-fragile", port=port, gateways=2, ray_dashboard=False,
+        data_dir=tmp_path_factory.mktemp("fragile-data"),
         shards={"session": 1, "topic": 1, "registry": 1},
         signal={"request_timeout_s": 1.0},
     )
