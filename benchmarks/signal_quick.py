@@ -5,6 +5,7 @@ Starts an embedded router (rate limit lifted), drives it from load-generator pro
 suite: every run is bounded in messages and seconds.
 
     .venv/bin/python benchmarks/signal_quick.py [--messages 50000] [--subscribers 100] [--gateways 1]
+    .venv/bin/python benchmarks/signal_quick.py --eventlog compare   # what the event log costs
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -98,7 +102,8 @@ def _sender(url: str, messages: int, mode: str, window: int, ready, done) -> Non
     _loop().run_until_complete(main())
 
 
-def run_rate(send_url: str, recv_url: str, mode: str, subscribers: int, messages: int) -> dict:
+def run_rate(send_url: str, recv_url: str, mode: str, subscribers: int, messages: int,
+             gateway_pids: list[int] = ()) -> dict:
     ctx = mp.get_context("spawn")
     ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
     receivers = 1 if mode == "p2p" else subscribers
@@ -106,14 +111,25 @@ def run_rate(send_url: str, recv_url: str, mode: str, subscribers: int, messages
     publishes = messages if mode == "p2p" else per_connection
     rx = ctx.Process(target=_receivers, args=(recv_url, receivers, per_connection, mode, ready, result))
     tx = ctx.Process(target=_sender, args=(send_url, publishes, mode, 64, ready, done))
+    gateways = [psutil.Process(pid) for pid in gateway_pids]
+    cpu_before = sum(_cpu_seconds(g) for g in gateways)
     rx.start()
     tx.start()
     outcome = result.get(timeout=300)
     tx.join(60)
     rx.join(60)
+    cpu = sum(_cpu_seconds(g) for g in gateways) - cpu_before
     rate = outcome["received"] / outcome["elapsed"]
-    return {"scenario": mode if mode == "p2p" else f"publish to {subscribers}", "delivered": outcome["received"],
-            "seconds": round(outcome["elapsed"], 3), "deliveries_per_s": round(rate)}
+    row = {"scenario": mode if mode == "p2p" else f"publish to {subscribers}", "delivered": outcome["received"],
+           "seconds": round(outcome["elapsed"], 3), "deliveries_per_s": round(rate)}
+    if gateways:  # the gateways' CPU per delivered message: steadier than the rate on a busy machine
+        row["gateway_cpu_us_per_delivery"] = round(cpu / outcome["received"] * 1e6, 2)
+    return row
+
+
+def _cpu_seconds(process: "psutil.Process") -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def run_latency(send_url: str, recv_url: str, samples: int) -> dict:
@@ -141,40 +157,90 @@ def run_latency(send_url: str, recv_url: str, samples: int) -> dict:
     return _loop().run_until_complete(main())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=50_000, help="messages per rate scenario")
-    parser.add_argument("--subscribers", type=int, default=100)
-    parser.add_argument("--gateways", type=int, default=1)
-    parser.add_argument("--samples", type=int, default=2000, help="latency samples")
-    parser.add_argument("--out", default="benchmarks/results/signal_quick.json")
-    args = parser.parse_args()
-
+def measure(args: argparse.Namespace, eventlog: bool, data_dir: str) -> tuple[dict, list[dict]]:
+    """Start a router, run the scenarios against it, stop it."""
     from router.config import load_settings
     from router.runtime import Router
 
     settings = load_settings(port=0, gateways=args.gateways, namespace=f"bench-{os.getpid()}", ray_dashboard=False,
+                             data_dir=data_dir, analytics={"enabled": eventlog},
                              signal={"rate_limit_per_minute": 1e12})
     router = Router(settings)
     endpoints = router.start()
     urls = [f"ws://127.0.0.1:{listener['port']}/signal" for gateway in endpoints for listener in gateway["listeners"]]
     send_url, recv_url = urls[0], urls[-1]
+    import ray
+
+    pids = [ray.get(record.actor.stats.remote())["pid"] for record in router.gateways]
     try:
         rows = [
-            run_rate(send_url, recv_url, "p2p", 1, args.messages),
-            run_rate(send_url, recv_url, "fanout", args.subscribers, args.messages * 4),
-            run_latency(send_url, recv_url, args.samples),
+            run_rate(send_url, recv_url, "p2p", 1, args.messages, pids),
+            run_rate(send_url, recv_url, "fanout", args.subscribers, args.messages * 4, pids),
         ]
+        if args.samples:
+            rows.append(run_latency(send_url, recv_url, args.samples))
     finally:
         router.stop()
     machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "gateways": args.gateways,
-               "cross_gateway": send_url != recv_url}
-    print(f"machine: {machine}")
-    for row in rows:
-        print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
+               "cross_gateway": send_url != recv_url, "eventlog": eventlog}
+    return machine, rows
+
+
+def compare_eventlog(args: argparse.Namespace, data_dir: str) -> dict:
+    """The event log off and on, in alternating runs: best rates, and median gateway CPU per delivery."""
+    rates: dict[tuple[bool, str], list[float]] = {}
+    cpu: dict[tuple[bool, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for eventlog in (False, True):
+            _, rows = measure(args, eventlog, data_dir)
+            for row in rows:
+                key = (eventlog, row["scenario"])
+                rates.setdefault(key, []).append(row["deliveries_per_s"])
+                cpu.setdefault(key, []).append(row["gateway_cpu_us_per_delivery"])
+                print(f"  event log {'on ' if eventlog else 'off'}  {row['scenario']:<16} "
+                      f"{row['deliveries_per_s']:>9,} deliveries/s  "
+                      f"{row['gateway_cpu_us_per_delivery']:>6.2f} us gateway CPU per delivery", flush=True)
+    comparison = {}
+    for scenario in sorted({scenario for _, scenario in rates}):
+        off, on = max(rates[(False, scenario)]), max(rates[(True, scenario)])
+        cpu_off, cpu_on = statistics.median(cpu[(False, scenario)]), statistics.median(cpu[(True, scenario)])
+        comparison[scenario] = {"off": off, "on": on, "on_vs_off": round(on / off, 3),
+                                "cpu_us_off": cpu_off, "cpu_us_on": cpu_on, "cpu_on_vs_off": round(cpu_on / cpu_off, 3)}
+    return comparison
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=50_000, help="messages per rate scenario")
+    parser.add_argument("--subscribers", type=int, default=100)
+    parser.add_argument("--gateways", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=2000, help="latency samples (0: skip latency)")
+    parser.add_argument("--eventlog", choices=("on", "off", "compare"), default="on",
+                        help="the analytics event log: on (the default config), off, or compare both")
+    parser.add_argument("--rounds", type=int, default=2, help="with --eventlog compare: alternating rounds")
+    parser.add_argument("--out", default="benchmarks/results/signal_quick.json")
+    parser.add_argument("--data-dir", help="keep the router's data (the event log) here instead of a temporary folder")
+    args = parser.parse_args()
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "results": rows}, indent=2))
+    with tempfile.TemporaryDirectory(prefix="router-bench-") as temporary:
+        data_dir = args.data_dir or temporary
+        if args.eventlog == "compare":
+            args.samples = 0
+            comparison = compare_eventlog(args, data_dir)
+            print("event log on vs off (best of each):")
+            for scenario, row in comparison.items():
+                print(f"  {scenario:<16} best rate: off {row['off']:>9,}/s  on {row['on']:>9,}/s "
+                      f"(x{row['on_vs_off']:.3f});  median gateway CPU per delivery: off {row['cpu_us_off']:.2f} us"
+                      f"  on {row['cpu_us_on']:.2f} us (x{row['cpu_on_vs_off']:.3f})")
+            out.write_text(json.dumps({"eventlog_comparison": comparison}, indent=2))
+        else:
+            machine, rows = measure(args, args.eventlog == "on", data_dir)
+            print(f"machine: {machine}")
+            for row in rows:
+                print("  " + "  ".join(f"{k}={v}" for k, v in row.items()))
+            out.write_text(json.dumps({"machine": machine, "results": rows}, indent=2))
     print(f"written to {out}")
 
 
