@@ -57,7 +57,8 @@ class ShardBase:
         self._seq: dict[str, int] = {}
         self._gateways: dict[str, Any] = {}
         self._outbox: dict[str, list[tuple]] = {}
-        self._metrics = ShardMetrics(self.name, self.kind) if settings.metrics.enabled else None
+        self._metrics = (ShardMetrics(self.name, self.kind, settings.metrics.interval_s)
+                         if settings.metrics.enabled else None)
         self._now = now_ms()
         self._batches = 0
         self._commands = 0

@@ -163,7 +163,7 @@ def measure(args: argparse.Namespace, eventlog: bool, data_dir: str) -> tuple[di
     from router.runtime import Router
 
     settings = load_settings(port=0, gateways=args.gateways, namespace=f"bench-{os.getpid()}", ray_dashboard=False,
-                             data_dir=data_dir, analytics={"enabled": eventlog},
+                             data_dir=data_dir, analytics={"enabled": eventlog, "sample_rate": args.sample_rate},
                              signal={"rate_limit_per_minute": 1e12})
     router = Router(settings)
     endpoints = router.start()
@@ -218,6 +218,7 @@ def main() -> None:
     parser.add_argument("--eventlog", choices=("on", "off", "compare"), default="on",
                         help="the analytics event log: on (the default config), off, or compare both")
     parser.add_argument("--rounds", type=int, default=2, help="with --eventlog compare: alternating rounds")
+    parser.add_argument("--sample-rate", type=float, default=1.0, help="analytics.sample_rate when the log is on")
     parser.add_argument("--out", default="benchmarks/results/signal_quick.json")
     parser.add_argument("--data-dir", help="keep the router's data (the event log) here instead of a temporary folder")
     args = parser.parse_args()

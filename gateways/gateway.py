@@ -8,6 +8,7 @@ dies, its clients reconnect elsewhere and the supervisor tells the shards to for
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -15,8 +16,10 @@ from typing import Any
 
 import orjson
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from websockets.protocol import OPEN
 
+from actors.eventwriter import EventLogWriterActor
 from actors.shards import DELIVER_BINARY, DELIVER_EVENT, DELIVER_TEXT
 from gateways.dialect import Dialect, HttpRequest, HttpResponse, HttpRoute
 from gateways.server import Connection, Listener, frame_header
@@ -49,6 +52,7 @@ class Gateway:
         settings: RouterSettings,
         shard_handles: dict[str, list[tuple[str, Any]]],
         loop: asyncio.AbstractEventLoop,
+        event_writer: Any = None,
     ) -> None:
         self.id = gateway_id
         self.index = index
@@ -71,7 +75,7 @@ class Gateway:
         self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop)
         analytics = settings.analytics
         self.events = (
-            EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours)
+            EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours, event_writer)
             if analytics.enabled else None
         )
         self.metrics = GatewayMetrics(gateway_id) if settings.metrics.enabled else None
@@ -326,6 +330,10 @@ class Gateway:
             "dialects": {d.name: d.stats() for d in self.dialects},
             "uptime_s": round(time.time() - self.started_at, 1),
             "pid": os.getpid(),
+            "gc_collections": [generation["collections"] for generation in gc.get_stats()],
+            "event_log": None if self.events is None else {
+                "rows_written": self.events.rows_written, "files_written": self.events.files_written,
+                "write_cpu_s": round(self.events.write_cpu_s, 3)},
         }
 
 
@@ -352,6 +360,7 @@ class GatewayActor:
         self._index = index
         self._settings = settings
         self._gateway: Gateway | None = None
+        self._event_writer: Any = None
         self._stopped: asyncio.Event | None = None
 
     async def start(self) -> dict[str, Any]:
@@ -365,7 +374,14 @@ class GatewayActor:
             for kind, count in counts.items()
         }
         self._stopped = asyncio.Event()
-        self._gateway = Gateway(self._gateway_id, self._index, settings, handles, asyncio.get_running_loop())
+        analytics = settings.analytics
+        if analytics.enabled and analytics.writer == "process":
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+            self._event_writer = EventLogWriterActor.options(
+                name=f"eventlog-{self._gateway_id}", namespace=settings.namespace, scheduling_strategy=here
+            ).remote(str(settings.events_dir), self._gateway_id, analytics.retention_hours)
+        self._gateway = Gateway(self._gateway_id, self._index, settings, handles, asyncio.get_running_loop(),
+                                self._event_writer)
         return await self._gateway.start()
 
     async def deliver(self, bundle: tuple) -> None:
@@ -379,7 +395,10 @@ class GatewayActor:
 
     async def stop(self) -> None:
         if self._gateway is not None:
-            await self._gateway.stop()
+            await self._gateway.stop()  # writes what the event log still holds
+        if self._event_writer is not None:
+            ray.kill(self._event_writer)
+            self._event_writer = None
         if self._stopped is not None:
             self._stopped.set()
 

@@ -194,6 +194,9 @@ class AnalyticsConfig(_Section):
     sample_rate: float = Field(default=1.0, ge=0, le=1)
     flush_interval_s: float = Field(default=2.0, gt=0)
     retention_hours: float = Field(default=168, gt=0)
+    # "process": a writer actor per gateway (on its node) turns records into Parquet;
+    # "thread": a thread of the gateway's own process does (one process fewer, more gateway CPU).
+    writer: Literal["process", "thread"] = "process"
 
 
 class MetricsConfig(_Section):

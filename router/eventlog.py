@@ -17,6 +17,7 @@ import io
 import itertools
 import logging
 import os
+import pickle
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,8 +65,12 @@ class EventLog:
         gateway_id: str,
         sample_rate: float = 1.0,
         retention_hours: float = 168,
+        remote: Any = None,
     ) -> None:
         self.directory = Path(directory)
+        # A Ray actor handle with write(rows, groups) and ready(): the Arrow and Parquet work then
+        # runs in that process, and this one only pickles the buffers (see actors/eventwriter.py).
+        self._remote = remote
         self.gateway_id = gateway_id
         self.sample_every = max(1, round(1 / sample_rate)) if sample_rate > 0 else 0
         self.retention_ns = int(retention_hours * 3600 * 1e9)
@@ -79,11 +84,14 @@ class EventLog:
         self._files = itertools.count()
         self.rows_written = 0
         self.files_written = 0
+        self.write_cpu_s = 0.0  # CPU time this process spent writing (converting, or handing to `remote`)
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def warm_up(self) -> Future:
         """Run one tiny conversion and write: pyarrow imports and initialises what they need on first
         use (about a second of CPU); the gateway waits for this before it takes traffic."""
+        if self._remote is not None:
+            return self._writer.submit(_ray_get, self._remote.ready.remote())
         return self._writer.submit(_warm_up)
 
     # -- hot path: one tuple appended per record ------------------------------------------
@@ -125,16 +133,31 @@ class EventLog:
         self._writer.shutdown(wait=True)
 
     def _write(self, rows: list[tuple], groups: list[tuple]) -> None:
+        started = time.thread_time()
         try:
-            parts = []
-            if rows:
-                parts.append(self._rows_table(rows))
-            if groups:
-                parts.append(self._groups_table(groups))
-            self._write_partitions(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
-            self._apply_retention()
+            if self._remote is not None:
+                # Pickled here, in one C call: Ray's own serializer takes several times longer on
+                # many small tuples. The actor gets bytes, which Ray passes without copying.
+                payload = pickle.dumps((rows, groups), protocol=pickle.HIGHEST_PROTOCOL)
+                self.rows_written, self.files_written = _ray_get(self._remote.write_pickled.remote(payload))
+            else:
+                self.write(rows, groups)
         except Exception:
             logger.exception("event log: writing %d rows failed", len(rows) + len(groups))
+        finally:
+            self.write_cpu_s += time.thread_time() - started
+
+    def write(self, rows: list[tuple], groups: list[tuple]) -> tuple[int, int]:
+        """Convert buffered records and write them; returns (rows written, files written) so far."""
+        parts = []
+        if rows:
+            parts.append(self._rows_table(rows))
+        if groups:
+            parts.append(self._groups_table(groups))
+        if parts:
+            self._write_partitions(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
+        self._apply_retention()
+        return self.rows_written, self.files_written
 
     def _rows_table(self, rows: list[tuple]) -> pa.Table:
         """Ingress, rejection and drop records: ingress ones are "in", drops "out" (with latency)."""
@@ -242,6 +265,11 @@ def _column(records: list[tuple], position: int) -> list:
 
 def _constant(value: str, count: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(count, dtype=np.int8)), [value]).cast(pa.string())
+
+
+def _ray_get(ref: Any) -> Any:
+    """Wait for a Ray call from the writer thread (``ray.get`` would warn inside an async actor)."""
+    return ref.future().result(timeout=120)
 
 
 def _warm_up() -> None:
