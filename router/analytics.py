@@ -371,11 +371,7 @@ def plot_report(frames: dict[str, Any], out_dir: Path) -> list[Path]:
             axis.legend(loc="upper right")
     axes[1].set_xlabel("time (UTC)")
     figure.autofmt_xdate()
-    figure.tight_layout()
-    path = out_dir / "throughput.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    paths.append(path)
+    paths.append(_save(figure, out_dir / "throughput.png"))
 
     latency = frames["latency"]
     figure, axis = plt.subplots(figsize=(8, 4.5))
@@ -391,12 +387,17 @@ def plot_report(frames: dict[str, Any], out_dir: Path) -> list[Path]:
     axis.grid(axis="y", alpha=0.3)
     if len(latency):
         axis.legend()
+    paths.append(_save(figure, out_dir / "latency.png"))
+    return paths
+
+
+def _save(figure: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
-    path = out_dir / "latency.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)
-    paths.append(path)
-    return paths
+    return path
 
 
 def format_table(frame: Any, title: str, columns: list[str] | None = None, limit: int = 20) -> str:

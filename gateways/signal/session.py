@@ -105,6 +105,7 @@ class SignalSession(DialectSession):
         self.shards = dialect.gateway.shards
         self._seq = 0
         self._t0 = 0
+        self._current_meta: tuple | None = None
         self._topic: str | None = None
         self.session_id: str | None = None
         self.identity: str | None = None
@@ -151,6 +152,7 @@ class SignalSession(DialectSession):
         self._seq = self.gateway.next_seq()
         self._t0 = time.time_ns()
         self._topic = None
+        self._current_meta = None
         if len(data) > self.config.max_message_bytes:
             self._refuse(SignalError(
                 codec.MESSAGE_TOO_LARGE,
@@ -186,8 +188,15 @@ class SignalSession(DialectSession):
         self.gateway.accepted(self._meta(request.type), request.reply_id, len(data), self.wire.id)
 
     def _meta(self, kind: str | None) -> tuple:
-        """Where and when the current message entered: travels with its deliveries (event log, latency)."""
-        return (self.gateway.id, self._seq, self._t0, DIALECT, kind, self._topic)
+        """Where and when the current message entered: travels with its deliveries (event log, latency).
+
+        Built once per message: by its handler (after it has set the topic) or, for messages that go
+        nowhere, when the message is counted as accepted or refused.
+        """
+        meta = self._current_meta
+        if meta is None:
+            meta = self._current_meta = (self.gateway.id, self._seq, self._t0, DIALECT, kind, self._topic)
+        return meta
 
     def on_tick(self, now: float) -> None:
         if not self.closing and now - self.last_seen > self.config.heartbeat_timeout_s:
