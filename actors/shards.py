@@ -26,6 +26,7 @@ from typing import Any, Callable
 import ray
 
 from actors.registry import Registry
+from actors.retained import Retained, RetainedStore, RetainedValues, SqliteRetainedStore
 from actors.sessions import SessionTable
 from actors.topics import TopicTable
 from router.config import RouterSettings
@@ -83,6 +84,7 @@ class ShardBase:
             except Exception as error:  # a bug must not take the batch down with it
                 logger.exception("%s: command %r failed", self.name, command[0])
                 results.append(CommandError("internal_error", f"{type(error).__name__}: {error}"))
+        self._after_batch()
         return results, self._flush(gateway_id)
 
     def purge_gateway(self, gateway_id: str) -> int:
@@ -99,6 +101,9 @@ class ShardBase:
     # -- for subclasses -------------------------------------------------------------------
 
     def _before_batch(self) -> None:
+        pass
+
+    def _after_batch(self) -> None:
         pass
 
     def _stats(self) -> dict[str, Any]:
@@ -148,20 +153,64 @@ class ShardBase:
 
 
 class TopicShard(ShardBase):
-    """Commands: sub, unsub, pub, purge, stats."""
+    """Commands: sub, unsub, pub, purge, stats; and for retained values rsub, rset, rinit.
+
+    A retained value is delivered as a ``DELIVER_EVENT`` whose payload is
+    ``(topic, version, payload, meta)``; see :mod:`actors.retained`.
+    """
 
     kind = TOPIC
 
-    def __init__(self, index: int, settings: RouterSettings) -> None:
+    def __init__(self, index: int, settings: RouterSettings, store: RetainedStore | None = None) -> None:
         super().__init__(index, settings)
         self.table = TopicTable()
+        self._store = store
+        self._retained: RetainedValues | None = None
         self._ops = {
             "sub": self._subscribe,
             "unsub": self._unsubscribe,
             "pub": self._publish,
             "purge": self._purge,
+            "rsub": self._subscribe_retained,
+            "rset": self._set_retained,
+            "rinit": self._init_retained,
             "stats": lambda gateway_id: self._stats(),
         }
+
+    @property
+    def retained(self) -> RetainedValues:
+        """Opened on first use, so routers that never retain anything create no database."""
+        if self._retained is None:
+            store = self._store or SqliteRetainedStore(self.settings.data_dir / "retained.sqlite3")
+            self._retained = RetainedValues(store)
+        return self._retained
+
+    def _subscribe_retained(self, gateway_id: str, topic: str, connection_id: int) -> Retained | None:
+        """Subscribe and read the current value in one step: later values are delivered after it."""
+        self.table.subscribe(topic, (gateway_id, connection_id))
+        return self.retained.get(topic)
+
+    def _set_retained(self, gateway_id: str, topic: str, payload: bytes, meta: tuple | None = None) -> tuple[int, int]:
+        """Store a new value and deliver it to the topic's subscribers: (version, recipients)."""
+        version = self.retained.put(topic, payload)
+        count, routes = self.table.routes(topic)
+        if count:
+            self._emit(routes, (topic, version, payload, meta), DELIVER_EVENT, None)
+        return version, count
+
+    def _init_retained(self, gateway_id: str, topic: str, payload: bytes, meta: tuple | None = None) -> Retained:
+        """Store a value fetched from elsewhere unless one arrived meanwhile; returns the value now."""
+        value, stored = self.retained.put_if_absent(topic, payload)
+        if stored:
+            count, routes = self.table.routes(topic)
+            if count:
+                self._emit(routes, (topic, value[0], payload, meta), DELIVER_EVENT, None)
+        return value
+
+    def _after_batch(self) -> None:
+        retained = self._retained
+        if retained is not None and retained.dirty:
+            retained.commit()  # before the results leave: an acknowledged value is stored
 
     def _subscribe(self, gateway_id: str, topic: str, connection_id: int, info: Any = None) -> bool:
         return self.table.subscribe(topic, (gateway_id, connection_id), info)
@@ -183,7 +232,10 @@ class TopicShard(ShardBase):
         return self.table.purge_gateway(gateway_id)
 
     def _stats(self) -> dict[str, Any]:
-        return self.table.stats()
+        stats = self.table.stats()
+        if self._retained is not None:
+            stats["retained"] = self._retained.stats()
+        return stats
 
 
 class RegistryShard(ShardBase):

@@ -63,6 +63,7 @@ class Wire(Protocol):
     path: str
     query: str
     dropped: int
+    last_activity: float  # time.monotonic() of the last bytes received (pings included)
 
     def send_text(self, payload: bytes) -> bool: ...
 
@@ -127,3 +128,6 @@ class Dialect(ABC):
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    async def close(self) -> None:
+        """The gateway is stopping: release what the dialect holds beyond its connections."""

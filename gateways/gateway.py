@@ -41,6 +41,10 @@ def build_dialects(gateway: "Gateway", settings: RouterSettings) -> list[Dialect
         from gateways.signal.session import SignalHubDialect
 
         dialects.append(SignalHubDialect(gateway, settings.signal))
+    if settings.cashu.enabled:
+        from gateways.cashu.session import CashuDialect
+
+        dialects.append(CashuDialect(gateway, settings.cashu))
     return dialects
 
 
@@ -154,6 +158,11 @@ class Gateway:
             connection.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for dialect in self.dialects:
+            try:
+                await dialect.close()
+            except Exception:
+                logger.exception("dialect %s: closing failed", dialect.name)
         if self.events is not None:
             await self.loop.run_in_executor(None, self.events.close)
 
@@ -275,6 +284,15 @@ class Gateway:
                 self.undeliverable += len(failed)
             if meta is not None:
                 self._account(meta, len(payload), connection_ids, delivered, failed)
+
+    def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
+        """A dialect wrote (or failed to write) one delivery of its own making to one connection."""
+        if sent:
+            self.delivered += 1
+            self._account(meta, nbytes, (connection_id,), 1, None)
+        else:
+            self.undeliverable += 1
+            self._account(meta, nbytes, (connection_id,), 0, [connection_id])
 
     def _account(self, meta: tuple, nbytes: int, connection_ids: tuple, delivered: int, failed: list | None) -> None:
         """Metrics and event-log records for one fan-out group."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from router import __version__
-from router.config import ConfigError, RouterSettings, load_settings
+from router.config import CASHU_KINDS, ConfigError, RouterSettings, load_settings
 
 logger = logging.getLogger("router")
 
@@ -126,6 +126,35 @@ def cmd_analytics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cashu_push(args: argparse.Namespace) -> int:
+    """Push object states into the router's Cashu state feed (what a mint does on every change)."""
+    from gateways.cashu.feed import FeedError, StateFeed
+
+    settings = _settings(args)
+    key = args.key or (settings.cashu.state_api_key.get_secret_value() if settings.cashu.state_api_key else None)
+    if not key:
+        print("router cashu push: no API key: pass --key or set cashu.state_api_key", file=sys.stderr)
+        return 2
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = args.url or f"http://{host}:{settings.port}"
+    try:
+        payloads = [json.loads(text) for text in (args.payload or sys.stdin.read().splitlines()) if text.strip()]
+    except json.JSONDecodeError as error:
+        print(f"router cashu push: a payload is not JSON: {error}", file=sys.stderr)
+        return 2
+    try:
+        results = StateFeed(url, key, settings.cashu.state_path).push_many((args.kind, p) for p in payloads)
+    except FeedError as error:
+        print(f"router cashu push: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"router cashu push: cannot reach {url}: {error}", file=sys.stderr)
+        return 1
+    for result in results:
+        print(json.dumps(result))
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     print(settings.model_dump_json(indent=2, exclude={"signal": {"auth": {"secret"}}}))
@@ -163,6 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
     analytics.add_argument("--top", type=int, default=10, help="rows in the top-topics/connections tables")
     analytics.add_argument("--events", help="event log folder (default <data_dir>/events)")
     analytics.set_defaults(func=cmd_analytics)
+
+    cashu = sub.add_parser("cashu", help="Cashu NUT-17: push mint object states into the router")
+    cashu_sub = cashu.add_subparsers(dest="cashu_command", required=True)
+    push = cashu_sub.add_parser("push", help="store states and notify subscribed wallets")
+    push.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
+    push.add_argument("--url", help="router base URL (default http://<host>:<port> from the config)")
+    push.add_argument("--key", help="the state feed's API key (default: cashu.state_api_key)")
+    push.add_argument("kind", choices=CASHU_KINDS, help="subscription kind of the objects")
+    push.add_argument("payload", nargs="*", help="JSON payloads (NUT-04/05 quote or NUT-07 proof state); "
+                      "none: one per line on stdin")
+    push.set_defaults(func=cmd_cashu_push)
 
     config = sub.add_parser("config", help="print the effective configuration (secrets hidden)")
     common(config)

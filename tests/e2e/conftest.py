@@ -41,10 +41,12 @@ def start_router(**overrides: Any) -> RunningRouter:
 
 
 def _urls(endpoints: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The Signal Hub endpoint of each gateway (other dialects' tests build their own URLs)."""
     ws_urls, http_urls = [], []
     for gateway in endpoints:
         for listener in gateway["listeners"]:
-            for path in listener["websocket"].values():
+            path = listener["websocket"].get("signal")
+            if path is not None:
                 ws_urls.append(f"ws://127.0.0.1:{listener['port']}{path}")
                 http_urls.append(f"http://127.0.0.1:{listener['port']}")
     return ws_urls, http_urls

@@ -1,0 +1,154 @@
+"""Retained values: the last payload published on a key, versioned, kept across restarts.
+
+A dialect that must send "the current state first, then every change" (Cashu NUT-17) keeps each
+object's last state here, in the topic shard that owns the object's key. Because the shard runs
+commands one at a time, "subscribe and read the current value" and "store a new value and publish
+it" are atomic with respect to each other; the version (1, 2, 3, … per key) lets a subscriber drop
+anything older than what it has already seen, whatever order results and deliveries arrive in.
+
+Storage sits behind :class:`RetainedStore`. The embedded default is SQLite in WAL mode, one file
+shared by every topic shard of the machine: keys are read on demand, so changing the number of
+shards between runs loses nothing. Writes of one shard batch are committed together, before the
+batch's results go back (a value that was acknowledged is on disk).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from pathlib import Path
+
+Retained = tuple[int, bytes]  # (version, payload)
+
+
+class RetainedStore(ABC):
+    @abstractmethod
+    def load(self, key: str) -> Retained | None: ...
+
+    @abstractmethod
+    def save(self, rows: list[tuple[str, int, bytes]]) -> None:
+        """Write ``(key, version, payload)`` rows atomically (all or none)."""
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryRetainedStore(RetainedStore):
+    """For tests and for routers that need no persistence."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Retained] = {}
+
+    def load(self, key: str) -> Retained | None:
+        return self.rows.get(key)
+
+    def save(self, rows: list[tuple[str, int, bytes]]) -> None:
+        for key, version, payload in rows:
+            self.rows[key] = (version, payload)
+
+
+class SqliteRetainedStore(RetainedStore):
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        # Several shard processes share the file: WAL lets readers run beside one writer, and a
+        # busy writer waits instead of failing.
+        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a crash of the process (not of the machine's power).
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS retained (key TEXT PRIMARY KEY, version INTEGER NOT NULL, payload BLOB NOT NULL)"
+        )
+
+    def load(self, key: str) -> Retained | None:
+        row = self._db.execute("SELECT version, payload FROM retained WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def save(self, rows: list[tuple[str, int, bytes]]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT INTO retained (key, version, payload) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET version = excluded.version, payload = excluded.payload",
+                rows,
+            )
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+_ABSENT = (0, b"")  # cached "no value": version 0 is never stored
+
+
+class RetainedValues:
+    """A bounded read cache and a write buffer over a :class:`RetainedStore`."""
+
+    def __init__(self, store: RetainedStore, max_cached: int = 100_000) -> None:
+        self.store = store
+        self.max_cached = max_cached
+        self._cache: OrderedDict[str, Retained] = OrderedDict()
+        self._pending: dict[str, Retained] = {}
+        self.loads = 0
+        self.writes = 0
+
+    def get(self, key: str) -> Retained | None:
+        value = self._cache.get(key)
+        if value is None:
+            value = self._pending.get(key)
+            if value is None:
+                self.loads += 1
+                value = self.store.load(key) or _ABSENT
+            self._remember(key, value)
+        else:
+            self._cache.move_to_end(key)
+        return None if value is _ABSENT or value[0] == 0 else value
+
+    def put(self, key: str, payload: bytes) -> int:
+        """Store a new value; returns its version (one more than the previous)."""
+        current = self.get(key)
+        version = 1 if current is None else current[0] + 1
+        value = (version, payload)
+        self._remember(key, value)
+        self._pending[key] = value
+        return version
+
+    def put_if_absent(self, key: str, payload: bytes) -> tuple[Retained, bool]:
+        """Store ``payload`` only when the key has no value; returns (the value now, stored?)."""
+        current = self.get(key)
+        if current is not None:
+            return current, False
+        return (self.put(key, payload), payload), True
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending)
+
+    def commit(self) -> int:
+        """Write the buffered values; returns how many."""
+        if not self._pending:
+            return 0
+        rows = [(key, version, payload) for key, (version, payload) in self._pending.items()]
+        self.store.save(rows)
+        self._pending.clear()
+        self.writes += len(rows)
+        return len(rows)
+
+    def _remember(self, key: str, value: Retained) -> None:
+        cache = self._cache
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self.max_cached:
+            cache.popitem(last=False)  # pending values are still in _pending until the commit
+
+    def stats(self) -> dict[str, int]:
+        return {"cached": len(self._cache), "loads": self.loads, "writes": self.writes}
+
+    def close(self) -> None:
+        self.store.close()
