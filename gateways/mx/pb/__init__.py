@@ -1,0 +1,1 @@
+"""Code generated from proto/*.proto by proto/generate.sh: do not edit."""
