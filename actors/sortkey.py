@@ -1,0 +1,99 @@
+"""Sort order of real-time query results: MongoDB's, with the object id as the last tie-breaker.
+
+Baqend orders objects that sort identically by id (baqend-notes.md, "Sorted windows"), which also
+makes the order total: a sorted real-time query needs every object to have exactly one position.
+Pure: no I/O, no Ray.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+from actors.mongoquery import MISSING, QueryError, bson_key, resolve_path, split_path
+
+SortSpec = tuple[tuple[str, int], ...]  # ((field path, 1 ascending | -1 descending), ...)
+
+_EMPTY_ARRAY_KEY = (0, 0)  # MongoDB sorts [] before null and missing fields
+
+
+def parse_sort(spec: Any) -> SortSpec:
+    """A sort document (``{"name": 1, "age": -1}``) or pair list into a SortSpec; raises QueryError."""
+    if spec is None:
+        return ()
+    if isinstance(spec, Mapping):
+        pairs = list(spec.items())
+    elif isinstance(spec, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in spec):
+        pairs = [tuple(p) for p in spec]
+    else:
+        raise QueryError("a sort must be an object such as {\"name\": 1, \"age\": -1}")
+    seen: set[str] = set()
+    parsed = []
+    for field, direction in pairs:
+        split_path(field)
+        if field.startswith("$"):
+            raise QueryError(f"cannot sort by {field!r}")
+        if field in seen:
+            raise QueryError(f"{field!r} appears twice in the sort")
+        seen.add(field)
+        if isinstance(direction, bool) or direction not in (1, -1):
+            raise QueryError(f"the sort direction of {field!r} must be 1 or -1")
+        parsed.append((field, int(direction)))
+    return tuple(parsed)
+
+
+@functools.total_ordering
+class _Descending:
+    """Inverts the order of a key inside a tuple, so one tuple sorts mixed directions."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.key == other.key
+
+    def __lt__(self, other: _Descending) -> bool:
+        return other.key < self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"_Descending({self.key!r})"
+
+    def __getstate__(self) -> tuple:
+        return (self.key,)
+
+    def __setstate__(self, state: tuple) -> None:
+        (self.key,) = state
+
+
+def field_key(document: Any, parts: tuple[str, ...], direction: int) -> tuple:
+    """The key of one sort field: an array sorts by its smallest element ascending, largest descending."""
+    keys = []
+    for value in resolve_path(document, parts):
+        if type(value) is list:
+            if value:
+                keys.extend(bson_key(element) for element in value)
+            else:
+                keys.append(_EMPTY_ARRAY_KEY)
+        else:
+            keys.append(bson_key(value))  # MISSING sorts as null
+    return min(keys) if direction == 1 else max(keys)
+
+
+def sort_key(spec: SortSpec, id_field: str = "id") -> Callable[[Mapping[str, Any]], tuple]:
+    """``key(document)`` ordering documents as MongoDB's ``sort(spec)``, ties broken by ascending id."""
+    fields = [(split_path(field), direction) for field, direction in spec]
+
+    def key(document: Mapping[str, Any]) -> tuple:
+        parts = []
+        for path, direction in fields:
+            value = field_key(document, path, direction)
+            parts.append(value if direction == 1 else _Descending(value))
+        parts.append(bson_key(document.get(id_field, MISSING)))
+        return tuple(parts)
+
+    return key
