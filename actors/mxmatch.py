@@ -174,6 +174,14 @@ class MxMatchIndex:
     def subscriptions_of(self, key: Key) -> set[Subscription]:
         return set(self._by_key.get(key, ()))
 
+    @property
+    def empty(self) -> bool:
+        return not self._by_key
+
+    def all_connections(self) -> set[Key]:
+        """Connections with an ``All`` filter (recipients of the whole-block streams)."""
+        return set(self._all)
+
     def connections(self) -> set[Key]:
         """Every connection with at least one filter (recipients of block-level streams)."""
         return set(self._by_key)

@@ -26,6 +26,8 @@ from typing import Any, Callable
 import ray
 
 from actors.registry import Registry
+from actors.mxmatch import MxMatchIndex
+from actors.mxmatch import Subscription as MxSubscription
 from actors.retained import Retained, RetainedStore, RetainedValues, SqliteRetainedStore
 from actors.sessions import SessionTable
 from actors.topics import TopicTable
@@ -41,6 +43,11 @@ logger = logging.getLogger(__name__)
 DELIVER_TEXT = 0  # payload is the UTF-8 body of a text frame
 DELIVER_BINARY = 1  # payload is the body of a binary frame
 DELIVER_EVENT = 2  # payload is handed to the connection's dialect session
+
+# mx-notifier hub item streams (TopicShard.mxpub).
+MX_EVENT = 0  # a log event, matched against the filters
+MX_BLOCK = 1  # revert / finalized: every connection with a filter
+MX_ALL = 2  # block txs / scrs: connections with an "All" filter
 
 
 def now_ms() -> int:
@@ -174,8 +181,11 @@ class TopicShard(ShardBase):
             "rsub": self._subscribe_retained,
             "rset": self._set_retained,
             "rinit": self._init_retained,
+            "mxsub": self._mx_subscribe,
+            "mxpub": self._mx_publish,
             "stats": lambda gateway_id: self._stats(),
         }
+        self.mx = MxMatchIndex()
 
     @property
     def retained(self) -> RetainedValues:
@@ -207,6 +217,41 @@ class TopicShard(ShardBase):
                 self._emit(routes, (topic, value[0], payload, meta), DELIVER_EVENT, None)
         return value
 
+    # -- mx-notifier hub: filters held here, each event matched once for all of them ----------
+
+    def _mx_subscribe(self, gateway_id: str, connection_id: int, subscription: MxSubscription) -> bool:
+        return self.mx.add((gateway_id, connection_id), subscription)
+
+    def _mx_publish(self, gateway_id: str, items: list[tuple], meta: tuple | None = None) -> int:
+        """Deliver a block's items to the connections they select; returns the deliveries.
+
+        An item is ``(stream, fields, topic, tail)``: ``stream`` is MX_EVENT (``fields`` =
+        (address, identifier, topics) are matched), MX_BLOCK (every connection with a filter) or
+        MX_ALL (connections with an ``All`` filter); ``tail`` is the frame's shared part, encoded
+        once by the ingesting gateway. The payload delivered is ``(topic, tail, meta)``.
+        """
+        index = self.mx
+        if index.empty:
+            return 0
+        delivered = 0
+        everyone = None
+        for stream, fields, topic, tail in items:
+            if stream == MX_EVENT:
+                keys = index.match_fields(*fields)
+            elif stream == MX_BLOCK:
+                keys = everyone if everyone is not None else index.connections()
+                everyone = keys
+            else:
+                keys = index.all_connections()
+            if not keys:
+                continue
+            routes: dict[str, list[int]] = {}
+            for gateway, connection_id in keys:
+                routes.setdefault(gateway, []).append(connection_id)
+            self._emit({g: tuple(ids) for g, ids in routes.items()}, (topic, tail, meta), DELIVER_EVENT, None)
+            delivered += len(keys)
+        return delivered
+
     def _after_batch(self) -> None:
         retained = self._retained
         if retained is not None and retained.dirty:
@@ -226,13 +271,18 @@ class TopicShard(ShardBase):
         return count
 
     def _purge(self, gateway_id: str, connection_id: int) -> list[str]:
+        self.mx.remove_connection((gateway_id, connection_id))
         return self.table.purge_connection((gateway_id, connection_id))
 
     def _purge_gateway_state(self, gateway_id: str) -> int:
+        for key in [key for key in self.mx.connections() if key[0] == gateway_id]:
+            self.mx.remove_connection(key)
         return self.table.purge_gateway(gateway_id)
 
     def _stats(self) -> dict[str, Any]:
         stats = self.table.stats()
+        if not self.mx.empty:
+            stats["mx"] = self.mx.stats()
         if self._retained is not None:
             stats["retained"] = self._retained.stats()
         return stats

@@ -69,6 +69,8 @@ class Wire(Protocol):
 
     def send_binary(self, payload: bytes) -> bool: ...
 
+    def send_binary_many(self, payloads: list[bytes]) -> bool: ...
+
     def close(self, code: int = 1000, reason: str = "") -> None: ...
 
     def outbound_bytes(self) -> int: ...
@@ -86,6 +88,9 @@ class DialectSession(ABC):
 
     def on_event(self, payload: Any) -> None:
         """A shard delivered a dialect event (``DELIVER_EVENT``) to this connection."""
+
+    def on_drain(self) -> None:
+        """The socket's write buffer drained below its high-water mark: queued frames may go."""
 
     def on_tick(self, now: float) -> None:
         """Called about once per ``gateway.sweep_interval_s`` with ``time.monotonic()``."""
@@ -128,6 +133,9 @@ class Dialect(ABC):
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    async def start(self) -> None:
+        """The gateway is listening: start what the dialect runs beside its connections."""
 
     async def close(self) -> None:
         """The gateway is stopping: release what the dialect holds beyond its connections."""

@@ -45,6 +45,12 @@ def build_dialects(gateway: "Gateway", settings: RouterSettings) -> list[Dialect
         from gateways.cashu.session import CashuDialect
 
         dialects.append(CashuDialect(gateway, settings.cashu))
+    if settings.mx.enabled:
+        from gateways.mx.ingest import NodeIngestDialect
+        from gateways.mx.session import MxHubDialect
+
+        hub = MxHubDialect(gateway, settings.mx)
+        dialects.extend([hub, NodeIngestDialect(gateway, settings.mx, hub)])
     return dialects
 
 
@@ -116,6 +122,8 @@ class Gateway:
             self.listeners.append(listener)
         if self.events is not None:
             await asyncio.wrap_future(self.events.warm_up())
+        for dialect in self.dialects:
+            await dialect.start()
         self._sweeper = self.loop.create_task(self._sweep())
         return self.describe()
 
@@ -293,6 +301,22 @@ class Gateway:
         else:
             self.undeliverable += 1
             self._account(meta, nbytes, (connection_id,), 0, [connection_id])
+
+    def account_deliveries(self, meta: tuple, nbytes: int, count: int, connection_id: int, sent: bool) -> None:
+        """``count`` messages of one origin written to one connection, ``nbytes`` in all.
+
+        One metrics update and one event-log group (``count`` records of the mean size).
+        """
+        if count == 1:
+            self.account_delivery(meta, nbytes, connection_id, sent)
+            return
+        ids = (connection_id,) * count
+        if sent:
+            self.delivered += count
+            self._account(meta, nbytes // count, ids, count, None)
+        else:
+            self.undeliverable += count
+            self._account(meta, nbytes // count, ids, 0, list(ids))
 
     def _account(self, meta: tuple, nbytes: int, connection_ids: tuple, delivered: int, failed: list | None) -> None:
         """Metrics and event-log records for one fan-out group."""

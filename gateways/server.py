@@ -168,6 +168,12 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        session = self.session
+        if session is not None:
+            try:
+                session.on_drain()
+            except Exception:
+                logger.exception("connection %s: dialect failed on drain", self.id)
 
     # -- what a dialect session may call (gateways.dialect.Wire) --------------------------
 
@@ -198,6 +204,23 @@ class Connection(asyncio.Protocol):
             self._write_out(ws.data_to_send())
         else:
             self.transport.write(frame)
+        return True
+
+    def send_binary_many(self, payloads: list[bytes]) -> bool:
+        """Several binary messages in one write (one system call instead of one per message)."""
+        ws = self.ws
+        if ws is None or ws.state is not OPEN:
+            return False
+        if self.compressed:
+            for payload in payloads:
+                ws.send_binary(payload)
+            self._write_out(ws.data_to_send())
+            return True
+        parts = []
+        for payload in payloads:
+            parts.append(frame_header(_BINARY, len(payload)))
+            parts.append(payload)
+        self.transport.write(b"".join(parts))
         return True
 
     def _send(self, opcode: int, payload: bytes) -> bool:

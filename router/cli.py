@@ -155,6 +155,34 @@ def cmd_cashu_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mx_generate(args: argparse.Namespace) -> int:
+    """Write generated SaveBlock / FinalizedBlock frames to a file (for `router mx replay`)."""
+    from gateways.mx.replay import generate_file
+
+    counts = generate_file(Path(args.out), args.blocks, args.transactions, args.seed, args.marshaller)
+    print(f"wrote {args.out}: {counts['SaveBlock']} blocks, {counts['events']} log events, "
+          f"{counts['FinalizedBlock']} finalized ({args.marshaller})")
+    return 0
+
+
+def cmd_mx_replay(args: argparse.Namespace) -> int:
+    """Send a file of node frames to the router's /save like a node (stop-and-wait on ACKs)."""
+    import asyncio
+
+    from gateways.mx.replay import replay
+
+    settings = _settings(args)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url = args.url or f"ws://{host}:{settings.mx.ingest.port or settings.port}{settings.mx.ingest.path}"
+    try:
+        result = asyncio.run(replay(url, Path(args.file), not args.no_ack))
+    except (OSError, TimeoutError) as error:
+        print(f"router mx replay: {url}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     print(settings.model_dump_json(indent=2, exclude={"signal": {"auth": {"secret"}}}))
@@ -203,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("payload", nargs="*", help="JSON payloads (NUT-04/05 quote or NUT-07 proof state); "
                       "none: one per line on stdin")
     push.set_defaults(func=cmd_cashu_push)
+
+    mx = sub.add_parser("mx", help="mx-notifier hub: generate blocks, replay them as a node")
+    mx_sub = mx.add_subparsers(dest="mx_command", required=True)
+    generate = mx_sub.add_parser("generate", help="write generated SaveBlock frames to a file")
+    generate.add_argument("out", help="file to write (JSON lines)")
+    generate.add_argument("--blocks", type=int, default=10)
+    generate.add_argument("--transactions", type=int, default=20, help="per block")
+    generate.add_argument("--seed", type=int, default=1)
+    generate.add_argument("--marshaller", choices=("gogo", "json"), default="gogo")
+    generate.set_defaults(func=cmd_mx_generate)
+    replay = mx_sub.add_parser("replay", help="send a file of node frames to the router's /save")
+    replay.add_argument("file")
+    replay.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
+    replay.add_argument("--url", help="default ws://<host>:<mx.ingest.port or port><mx.ingest.path>")
+    replay.add_argument("--no-ack", action="store_true", help="do not ask for ACKs (no stop-and-wait)")
+    replay.set_defaults(func=cmd_mx_replay)
 
     config = sub.add_parser("config", help="print the effective configuration (secrets hidden)")
     common(config)

@@ -30,7 +30,8 @@ def test_health_on_every_gateway_and_on_a_dialects_own_port(hub, open_hub):
             assert status == 200 and headers["content-type"] == "application/json"
             assert int(headers["content-length"]) == len(body)
             health = json.loads(body)
-            assert health["status"] == "ok" and health["endpoints"] == {"signal": expected_path, "cashu": "/v1/ws"}
+            assert health["status"] == "ok" and health["endpoints"] == {
+                "signal": expected_path, "cashu": "/v1/ws", "mx": "/hub/ws", "mx-node": "/save"}
             assert isinstance(health["connections"], int) and health["gateway"]
 
     run(scenario())

@@ -1,0 +1,289 @@
+"""mx-notifier hub consumers at ``/hub/ws``: subscriptions, per-connection counters, ACKs, backpressure.
+
+A consumer's filters live in the topic shard that owns the connection (``mx/<gateway>/<id>``);
+every shard matches each event once against all the filters it holds and delivers
+``(topic, tail, meta)``, where ``tail`` is the part of the PAYLOAD frame every recipient shares
+(encoded once by the ingesting gateway). Here each connection puts its own header in front:
+version, ``with_acknowledge`` and its counter (1, 2, 3… per connection).
+
+Flow control, per connection: with acknowledgements one PAYLOAD is out at a time and the next
+waits for the ACK carrying its counter (no ACK within ``ack_timeout_s``: close 1008); without,
+frames are written while the socket's unsent bytes stay under ``max_write_buffer_bytes``. Frames
+that cannot go yet wait in the connection's queue; a queue that reaches ``max_queue_depth`` closes
+the connection (1013) — a slow consumer is cut off, it never holds up the others or the node. Across
+the gateway, at most ``max_queued_total`` frames wait; above that the deepest queue is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from typing import Any
+
+from gateways.dialect import Dialect, DialectSession, Wire
+from gateways.mx import codec
+from gateways.mx.codec import InvalidFrame, InvalidSubscription
+from router.config import MxConfig
+from router.errors import CommandError, ShardUnavailable
+from router.shardmap import TOPIC
+
+logger = logging.getLogger(__name__)
+
+DIALECT = "mx"
+CLOSE_UNSUPPORTED = 1003
+CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
+
+
+def connection_key(gateway_id: str, connection_id: int) -> str:
+    """The topic-shard key that places a consumer's filters."""
+    return f"mx/{gateway_id}/{connection_id}"
+
+
+def wants_acknowledge(query: str, default: bool) -> bool:
+    """``?ack=1`` / ``?ack=true`` / ``?ack=0`` on the URL; else the configured default."""
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if name in ("ack", "with_acknowledge"):
+            return value.lower() in ("1", "true", "yes", "on")
+    return default
+
+
+class MxHubDialect(Dialect):
+    name = DIALECT
+
+    def __init__(self, gateway: Any, config: MxConfig) -> None:
+        super().__init__(gateway)
+        self.config = config
+        self.sessions: set[HubSession] = set()
+        self.queued_total = 0
+        self.dropped = Counter()  # reason -> frames dropped silently
+        self.closed = Counter()  # reason -> connections closed by the router
+        self.delivered = 0
+
+    @property
+    def path(self) -> str:
+        return self.config.path
+
+    @property
+    def port(self) -> int | None:
+        return self.config.port
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.config.max_frame_bytes
+
+    @property
+    def max_outbound_bytes(self) -> int:
+        # The session writes only below this; the server's own drop threshold must not be lower.
+        return self.config.max_write_buffer_bytes
+
+    def open_session(self, wire: Wire, request_headers: Any) -> "HubSession":
+        session = HubSession(self, wire)
+        self.sessions.add(session)
+        return session
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+        metrics = self.gateway.metrics
+        if metrics is not None:
+            metrics.rejections[(DIALECT, reason)] += 1
+
+    def over_budget(self) -> None:
+        """Too many frames wait across the gateway: shed the consumer furthest behind."""
+        while self.queued_total > self.config.max_queued_total and self.sessions:
+            slowest = max(self.sessions, key=lambda session: len(session.queue))
+            if not slowest.queue:
+                return
+            slowest.shut(CLOSE_TRY_AGAIN, "router overloaded: slowest consumer shed", "overloaded")
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "connections": len(self.sessions),
+            "queued": self.queued_total,
+            "delivered": self.delivered,
+            "dropped": dict(self.dropped),
+            "closed": dict(self.closed),
+        }
+
+
+class HubSession(DialectSession):
+    def __init__(self, dialect: MxHubDialect, wire: Wire) -> None:
+        self.dialect = dialect
+        self.config = dialect.config
+        self.wire = wire
+        self.gateway = dialect.gateway
+        shards = dialect.gateway.shards
+        self.shards = shards
+        self.link = shards.link(TOPIC, connection_key(dialect.gateway.id, wire.id))
+        self.with_acknowledge = wants_acknowledge(wire.query, self.config.with_acknowledge)
+        self.counter = 0
+        self.awaiting: int | None = None  # counter of the PAYLOAD waiting for its ACK
+        self.sent_at = 0.0
+        self.queue: deque[tuple[bytes, tuple | None]] = deque()
+        self.subscriptions = 0
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+        self.out: list[bytes] = []  # frames of this loop turn, written together by _flush
+        self.out_bytes = 0
+        self.out_meta: list[tuple] = []
+
+    # -- from the consumer ----------------------------------------------------------------------
+
+    def on_message(self, data: bytes, is_text: bool) -> None:
+        if self.closed:
+            return
+        if is_text:
+            if self.config.text_frames == "close":
+                self.shut(CLOSE_UNSUPPORTED, "binary frames only", "text_frame")
+            else:
+                self.dialect.drop(codec.TEXT_FRAME)
+            return
+        try:
+            frame = codec.decode_frame(data)
+        except InvalidFrame as invalid:
+            self.dialect.drop(invalid.reason)
+            return
+        if frame.is_ack:
+            self._acknowledged(frame.counter)
+            return
+        if frame.topic != codec.SUBSCRIBE_TOPIC:
+            self.dialect.drop(codec.UNKNOWN_TOPIC)
+            return
+        try:
+            subscription = codec.parse_subscribe(frame.payload, self.config.max_subscribe_topics,
+                                                 self.config.max_field_length)
+        except InvalidSubscription as invalid:
+            self.dialect.drop(invalid.reason)
+            return
+        if self.subscriptions >= self.config.max_subscriptions:
+            self.dialect.drop("too_many_subscriptions")
+            return
+        self.subscriptions += 1
+        gateway = self.gateway
+        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, "subscribe", subscription.level)
+        gateway.accepted(meta, frame.counter, len(data), self.wire.id)
+        counter, with_ack = frame.counter, frame.with_acknowledge
+        self.shards.send(self.link, ("mxsub", self.wire.id, subscription),
+                         lambda result: self._subscribed(result, counter, with_ack))
+
+    def _subscribed(self, result: Any, counter: int, with_ack: bool) -> None:
+        if self.closed:
+            return
+        if isinstance(result, (ShardUnavailable, CommandError)):
+            # The spec has no error frame: the consumer sees no ACK (if it asked) and may resend.
+            self.subscriptions -= 1
+            self.dialect.drop("shard_unavailable")
+            return
+        if with_ack:
+            self.wire.send_binary(codec.ack_frame(counter))
+
+    def _acknowledged(self, counter: int) -> None:
+        if self.awaiting is None or counter != self.awaiting:
+            self.dialect.drop("unexpected_ack")
+            return
+        self.awaiting = None
+        self._pump()
+
+    # -- to the consumer ------------------------------------------------------------------------
+
+    def on_event(self, payload: Any) -> None:
+        if self.closed:
+            return
+        topic, tail, meta = payload
+        queue = self.queue
+        if not queue and self._can_write():
+            self._write(tail, meta)
+            return
+        if len(queue) >= self.config.max_queue_depth:
+            self.shut(CLOSE_TRY_AGAIN, f"consumer too slow: {len(queue)} frames queued", "queue_full")
+            return
+        queue.append((tail, meta))
+        dialect = self.dialect
+        dialect.queued_total += 1
+        if dialect.queued_total > self.config.max_queued_total:
+            dialect.over_budget()
+
+    def on_drain(self) -> None:
+        self._pump()
+
+    def _can_write(self) -> bool:
+        if self.with_acknowledge:
+            return self.awaiting is None
+        return self.wire.outbound_bytes() + self.out_bytes < self.config.max_write_buffer_bytes
+
+    def _pump(self) -> None:
+        queue, dialect = self.queue, self.dialect
+        while queue and not self.closed and self._can_write():
+            tail, meta = queue.popleft()
+            dialect.queued_total -= 1
+            self._write(tail, meta)
+
+    def _write(self, tail: bytes, meta: tuple | None) -> None:
+        """Frames written in one event-loop turn leave in one socket write (a block's events together)."""
+        self.counter += 1
+        frame = codec.frame_with_tail(self.counter, tail, self.with_acknowledge)
+        if self.with_acknowledge:
+            self.awaiting = self.counter
+            self.sent_at = time.monotonic()
+        if not self.out:
+            self.loop.call_soon(self._flush)
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        if meta is not None:
+            self.out_meta.append((meta, len(frame)))
+
+    def _flush(self) -> None:
+        frames, self.out, self.out_bytes = self.out, [], 0
+        accounts, self.out_meta = self.out_meta, []
+        if self.closed or not frames:
+            return
+        sent = self.wire.send_binary_many(frames)
+        self.dialect.delivered += len(frames)
+        if accounts:
+            self._account(accounts, sent)
+
+    def _account(self, accounts: list[tuple], sent: bool) -> None:
+        """Metrics and event-log records, one group per block (the frames of a block share its meta)."""
+        account, connection_id = self.gateway.account_deliveries, self.wire.id
+        group_meta, count, size = accounts[0][0], 0, 0
+        for meta, nbytes in accounts:
+            if meta is not group_meta:
+                account(group_meta, size, count, connection_id, sent)
+                group_meta, count, size = meta, 0, 0
+            count += 1
+            size += nbytes
+        account(group_meta, size, count, connection_id, sent)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def on_tick(self, now: float) -> None:
+        if (not self.closed and self.awaiting is not None
+                and now - self.sent_at > self.config.ack_timeout_s):
+            self.shut(CLOSE_POLICY, f"no ACK for counter {self.awaiting} within "
+                      f"{self.config.ack_timeout_s:g} s", "ack_timeout")
+
+    def shut(self, code: int, reason: str, counted_as: str) -> None:
+        if self.closed:
+            return
+        self.dialect.closed[counted_as] += 1
+        metrics = self.gateway.metrics
+        if metrics is not None:
+            metrics.drops[(DIALECT, counted_as)] += len(self.queue) or 1
+        self._release()
+        self.wire.close(code, reason)
+
+    def on_close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.dialect.sessions.discard(self)
+        self.dialect.queued_total -= len(self.queue)
+        self.queue.clear()
+        if self.subscriptions:
+            self.shards.send(self.link, ("purge", self.wire.id))

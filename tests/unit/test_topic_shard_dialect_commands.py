@@ -1,0 +1,89 @@
+"""TopicShard's dialect commands without Ray: retained values (Cashu) and mx filters, through handle()."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.mxmatch import Subscription
+from actors.retained import MemoryRetainedStore
+from actors.shards import DELIVER_EVENT, MX_ALL, MX_BLOCK, MX_EVENT, TopicShard
+from gateways.mx import codec, generator, node
+from gateways.mx.ingest import block_items
+from gateways.mx.session import wants_acknowledge
+from router.config import load_settings
+
+
+@pytest.fixture
+def shard(tmp_path) -> TopicShard:
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False})
+    return TopicShard(0, settings, store=MemoryRetainedStore())
+
+
+def items_of(bundle):
+    return [] if bundle is None else bundle[3]
+
+
+def test_rsub_returns_the_current_value_and_rset_delivers_newer_ones(shard):
+    results, bundle = shard.handle("g", [("rsub", "k", 1), ("rset", "k", b"v1", None), ("rsub", "k", 2)])
+    assert results == [None, (1, 1), (1, b"v1")]
+    assert items_of(bundle) == [(DELIVER_EVENT, ("k", 1, b"v1", None), (1,), None)]
+    results, bundle = shard.handle("g", [("rset", "k", b"v2", ("meta",))])
+    assert results == [(2, 2)]
+    assert items_of(bundle) == [(DELIVER_EVENT, ("k", 2, b"v2", ("meta",)), (1, 2), None)]
+    assert shard._store.rows == {"k": (2, b"v2")}  # committed before the batch returned
+
+
+def test_rinit_stores_only_when_absent(shard):
+    results, bundle = shard.handle("g", [("rsub", "q", 5), ("rinit", "q", b"fetched", None), ("rinit", "q", b"late", None)])
+    assert results == [None, (1, b"fetched"), (1, b"fetched")]
+    assert items_of(bundle) == [(DELIVER_EVENT, ("q", 1, b"fetched", None), (5,), None)]
+
+
+def test_mx_filters_select_events_once_per_connection(shard):
+    saved = generator.generate_save_block(3, transactions=10)
+    normalized = node.normalize_save_block(saved)
+    block_hash, items = block_items(normalized)
+    first = normalized.events[0]
+    shard.handle("g", [("mxsub", 1, Subscription("All")),
+                       ("mxsub", 2, Subscription("Address", address=first.address)),
+                       ("mxsub", 2, Subscription("Identifier", identifier=first.identifier)),
+                       ("mxsub", 3, Subscription("Identifier", identifier="nothing-like-this"))])
+    results, bundle = shard.handle("g", [("mxpub", items, None)])
+    delivered = items_of(bundle)
+    to = {}
+    for kind, (topic, tail, meta), connections, _ in delivered:
+        assert kind == DELIVER_EVENT
+        for connection in connections:
+            to.setdefault(connection, []).append(topic)
+    expected_2 = [e for e in normalized.events if e.address == first.address or e.identifier == first.identifier]
+    assert to[1] == [codec.EVENTS_TOPIC] * len(normalized.events) + [codec.BLOCK_TXS_TOPIC, codec.BLOCK_SCRS_TOPIC]
+    assert to[2] == [codec.EVENTS_TOPIC] * len(expected_2)
+    assert 3 not in to
+    assert results == [sum(len(c) for _, _, c, _ in delivered)]
+    # revert / finalized reach every connection with a filter
+    _, revert_items = block_items(node.normalize_revert(saved.BlockData))
+    assert revert_items[0][0] == MX_BLOCK
+    _, bundle = shard.handle("g", [("mxpub", revert_items, None)])
+    assert sorted(items_of(bundle)[0][2]) == [1, 2, 3]
+    # a closed connection's filters go with its purge
+    shard.handle("g", [("purge", 1)])
+    _, bundle = shard.handle("g", [("mxpub", items, None)])
+    assert all(1 not in connections for _, _, connections, _ in items_of(bundle))
+
+
+def test_block_items_encode_each_frame_tail_once():
+    normalized = node.normalize_save_block(generator.generate_save_block(9, transactions=4))
+    block_hash, items = block_items(normalized)
+    assert block_hash == normalized.hash
+    events = [item for item in items if item[0] == MX_EVENT]
+    assert [fields for _, fields, _, _ in events] == [(e.address, e.identifier, tuple(e.topics)) for e in normalized.events]
+    assert events[0][3] == codec.frame_tail(codec.EVENTS_TOPIC, normalized.events[0].SerializeToString())
+    assert [item[0] for item in items if item[0] != MX_EVENT] == [MX_ALL, MX_ALL]
+
+
+@pytest.mark.parametrize("query, default, expected", [
+    ("", False, False), ("", True, True), ("ack=1", False, True), ("x=2&ack=true", False, True),
+    ("ack=0", True, False), ("with_acknowledge=yes", False, True), ("ack=no", True, False),
+])
+def test_acknowledge_choice_from_the_url(query, default, expected):
+    assert wants_acknowledge(query, default) is expected
