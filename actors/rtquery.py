@@ -14,7 +14,7 @@ at once, so the window never needs a re-query and never drifts from the database
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 from sortedcontainers import SortedList
@@ -90,8 +90,12 @@ class RealtimeQuery:
         operations: Any = None,
         documents: Iterable[Document] = (),
         id_field: str = "id",
+        visible: Callable[[Document], bool] | None = None,
     ) -> None:
-        self._predicate = _compile(query)
+        # ``visible`` hides documents the subscriber may not read (their acl): a hidden document
+        # is treated as not matching, so one that becomes hidden leaves the result.
+        matches = _compile(query)
+        self._predicate = matches if visible is None else (lambda document: matches(document) and visible(document))
         spec = _sort_spec(sort)
         self.offset = _offset(offset)
         requested_limit = _limit(limit)

@@ -26,7 +26,10 @@ from typing import Any, Callable
 import ray
 
 from actors.registry import Registry
+from actors.messagelog import LogRecord, MessageLog, SqliteMessageLog
 from actors.mxmatch import MxMatchIndex
+from actors.nolag import Lobby, Presence
+from actors.nolag import Subscriptions as NolagSubscriptions
 from actors.mxmatch import Subscription as MxSubscription
 from actors.retained import Retained, RetainedStore, RetainedValues, SqliteRetainedStore
 from actors.sessions import SessionTable
@@ -34,6 +37,7 @@ from actors.topics import TopicTable
 from router.config import RouterSettings
 from router.errors import CommandError
 from router.metrics import ShardMetrics
+from router.keys import pattern_matches
 from router.patterns import PatternError, compile_pattern
 from router.shardmap import REGISTRY, SESSION, TOPIC, gateway_name, shard_name
 
@@ -159,6 +163,14 @@ class ShardBase:
         return handle
 
 
+def _group(locations: list[tuple[str, int]]) -> dict[str, tuple[int, ...]]:
+    """(gateway, connection) pairs as fan-out routes: gateway -> connection ids."""
+    routes: dict[str, list[int]] = {}
+    for gateway_id, connection_id in locations:
+        routes.setdefault(gateway_id, []).append(connection_id)
+    return {gateway_id: tuple(ids) for gateway_id, ids in routes.items()}
+
+
 class TopicShard(ShardBase):
     """Commands: sub, unsub, pub, purge, stats; and for retained values rsub, rset, rinit.
 
@@ -183,9 +195,27 @@ class TopicShard(ShardBase):
             "rinit": self._init_retained,
             "mxsub": self._mx_subscribe,
             "mxpub": self._mx_publish,
+            "nsub": self._nolag_subscribe,
+            "nunsub": self._nolag_unsubscribe,
+            "nfilters": self._nolag_filters,
+            "npub": self._nolag_publish,
+            "nlog": self._nolag_log,
+            "npres": self._nolag_presence,
+            "nplist": lambda gateway_id, room: self.presence.list(room),
+            "nroom": self._nolag_room,
+            "nlsub": self._nolag_lobby,
+            "nlunsub": self._nolag_lobby_leave,
             "stats": lambda gateway_id: self._stats(),
         }
         self.mx = MxMatchIndex()
+        self.nolag = NolagSubscriptions()
+        self.presence = Presence()
+        self.room_members: dict[str, set[tuple[str, int]]] = {}
+        self.lobby_listeners: dict[tuple[str, str], tuple[Lobby, set[tuple[str, int]]]] = {}
+        self._log: MessageLog | None = None
+        self._log_pending: list[LogRecord] = []
+        self._topic_ts: dict[str, int] = {}
+        self._next_prune = 0
 
     @property
     def retained(self) -> RetainedValues:
@@ -252,7 +282,126 @@ class TopicShard(ShardBase):
             delivered += len(keys)
         return delivered
 
+    # -- NoLag: topics with filters, QoS and groups; rooms and lobbies; the message log ----------
+
+    @property
+    def message_log(self) -> MessageLog:
+        if self._log is None:
+            self._log = SqliteMessageLog(self.settings.data_dir / "nolag-log.sqlite3", self._retention_ms)
+        return self._log
+
+    def _retention_ms(self, key: str) -> int:
+        """How long a topic's messages are kept: the first matching `nolag.log_retention` pattern, else the default."""
+        config = self.settings.nolag
+        topic = key.split("/", 2)[2]
+        for pattern, seconds in config.log_retention.items():
+            if pattern_matches(pattern, topic):
+                return int(seconds * 1000)
+        return int(config.log_retention_s * 1000)
+
+    def _nolag_subscribe(self, gateway_id, key, connection_id, actor, filters, qos, group) -> int:
+        """Subscribe; returns the topic's position (the timestamp of its last message, or now)."""
+        self.nolag.subscribe(key, (gateway_id, connection_id), filters, qos, group)
+        return self._topic_ts.get(key, self._now)
+
+    def _nolag_unsubscribe(self, gateway_id, key, connection_id) -> bool:
+        return self.nolag.unsubscribe(key, (gateway_id, connection_id))
+
+    def _nolag_filters(self, gateway_id, key, connection_id, filters) -> bool:
+        return self.nolag.set_filters(key, (gateway_id, connection_id), filters)
+
+    def _nolag_publish(self, gateway_id, key, topic, packed, qos, filter_, exclude, msg_id, ts_ms, sender,
+                       meta=None) -> int:
+        """Route one message (filters, echo, one member per load-balance group) and log it if it has an id."""
+        # The shard stamps the time: strictly increasing per topic, so a position in a topic is exact.
+        ts_ms = max(self._now, self._topic_ts.get(key, 0) + 1)
+        self._topic_ts[key] = ts_ms
+        if msg_id is not None:
+            self._log_pending.append(LogRecord(key, msg_id, ts_ms, packed, qos, filter_))
+        chosen = self.nolag.route(key, filter_, None if exclude is None else (gateway_id, exclude))
+        if chosen:
+            self._emit(_group(chosen), ("m", topic, packed, msg_id, qos, filter_, ts_ms, sender, meta),
+                       DELIVER_EVENT, None)
+        return len(chosen)
+
+    def _nolag_log(self, gateway_id, key, after_ms, limit) -> list[tuple]:
+        """Logged messages of a topic after ``after_ms`` (for a reconnect's replay)."""
+        topic = key.split("/", 2)[2]
+        return [(topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter)
+                for r in self.message_log.since([key], after_ms, limit)]
+
+    def _nolag_room(self, gateway_id, room, connection_id, join) -> bool:
+        members = self.room_members.setdefault(room, set())
+        (members.add if join else members.discard)((gateway_id, connection_id))
+        if not members:
+            del self.room_members[room]
+        return True
+
+    def _nolag_presence(self, gateway_id, room, connection_id, actor, data, now) -> int:
+        location = (gateway_id, connection_id)
+        events = self.presence.set(room, actor, location, data, now)
+        self._presence_out(room, events, extra=location)
+        return len(events)
+
+    def _presence_out(self, room: str, events: list, extra: tuple | None = None) -> None:
+        """Presence events to the room's members (and the actor itself), lobby events to listeners."""
+        if not events:
+            return
+        _, project, plain = room.split("/", 2)
+        members = set(self.room_members.get(room, ()))
+        if extra is not None:
+            members.add(extra)
+        routes = _group(list(members))
+        listeners = [(lobby_id, located) for (p, lobby_id), (lobby, located) in self.lobby_listeners.items()
+                     if p == project and lobby.contains(plain) and located]
+        for event in events:
+            if routes:
+                self._emit(routes, ("p", plain or None, event.event, event.actor_id, event.data, event.joined_at),
+                           DELIVER_EVENT, None)
+            for lobby_id, located in listeners:
+                self._emit(_group(list(located)), ("l", lobby_id, plain, event.event, event.actor_id, event.data),
+                           DELIVER_EVENT, None)
+
+    def _nolag_lobby(self, gateway_id, lobby_id, spec, connection_id, listen) -> dict[str, dict[str, Any]]:
+        """This shard's part of a lobby's presence; with ``listen``, later changes go to the connection."""
+        project, rooms, prefix = spec
+        lobby = Lobby(lobby_id, None if rooms is None else frozenset(rooms), prefix)
+        if listen:
+            entry = self.lobby_listeners.setdefault((project, lobby_id), (lobby, set()))
+            entry[1].add((gateway_id, connection_id))
+        snapshot: dict[str, dict[str, Any]] = {}
+        for room in self.presence.rooms():
+            _, room_project, plain = room.split("/", 2)
+            if room_project == project and lobby.contains(plain):
+                snapshot[plain] = {entry["actorTokenId"]: entry["presence"] for entry in self.presence.list(room)}
+        return snapshot
+
+    def _nolag_lobby_leave(self, gateway_id, lobby_id, connection_id) -> bool:
+        for (project, listened), (lobby, located) in list(self.lobby_listeners.items()):
+            if listened == lobby_id:
+                located.discard((gateway_id, connection_id))
+                if not located:
+                    del self.lobby_listeners[(project, listened)]
+        return True
+
+    def _nolag_purge(self, location: tuple[str, int]) -> None:
+        self.nolag.purge_connection(location)
+        for room, event in self.presence.purge_connection(location):
+            self._presence_out(room, [event])
+        for room in [room for room, members in self.room_members.items() if location in members]:
+            self._nolag_room(location[0], room, location[1], False)
+        for key, (lobby, located) in list(self.lobby_listeners.items()):
+            located.discard(location)
+            if not located:
+                del self.lobby_listeners[key]
+
     def _after_batch(self) -> None:
+        if self._log_pending:
+            pending, self._log_pending = self._log_pending, []
+            self.message_log.append_many(pending)
+        if self._log is not None and self._now >= self._next_prune:
+            self._next_prune = self._now + 60_000
+            self._log.prune(self._now)
         retained = self._retained
         if retained is not None and retained.dirty:
             retained.commit()  # before the results leave: an acknowledged value is stored
@@ -272,11 +421,15 @@ class TopicShard(ShardBase):
 
     def _purge(self, gateway_id: str, connection_id: int) -> list[str]:
         self.mx.remove_connection((gateway_id, connection_id))
+        self._nolag_purge((gateway_id, connection_id))
         return self.table.purge_connection((gateway_id, connection_id))
 
     def _purge_gateway_state(self, gateway_id: str) -> int:
         for key in [key for key in self.mx.connections() if key[0] == gateway_id]:
             self.mx.remove_connection(key)
+        gone = {location for members in self.room_members.values() for location in members if location[0] == gateway_id}
+        for location in gone:
+            self._nolag_purge(location)
         return self.table.purge_gateway(gateway_id)
 
     def _stats(self) -> dict[str, Any]:
@@ -375,8 +528,16 @@ class SessionShard(ShardBase):
             "open": self._open,
             "close": self._close,
             "record": self._record,
+            "nreset": self._nolag_reset,
+            "nget": self._nolag_get,
+            "nsave": self._nolag_save,
+            "ncheck": self._nolag_check,
+            "nleave": self._nolag_leave,
             "stats": lambda gateway_id: self._stats(),
         }
+        # NoLag actors: subscriptions (topic -> (qos, filters, load_balance, group)), where to replay
+        # from, and the QoS 2 message ids they have had; kept while they are away.
+        self.nolag: dict[str, dict[str, Any]] = {}
 
     def _open(self, gateway_id, session_id, dialect, connection_id, identity, capabilities) -> bool:
         self.table.open(session_id, dialect, (gateway_id, connection_id), identity, capabilities, self._now)
@@ -384,6 +545,42 @@ class SessionShard(ShardBase):
 
     def _close(self, gateway_id: str, session_id: str) -> bool:
         return self.table.close(session_id) is not None
+
+    def _nolag_reset(self, gateway_id: str, actor: str) -> bool:
+        self.nolag[actor] = {"subs": {}, "resume": {}, "seen": []}
+        return True
+
+    def _nolag_get(self, gateway_id: str, actor: str) -> tuple | None:
+        state = self.nolag.get(actor)
+        if state is None:
+            return None
+        return dict(state["subs"]), dict(state["resume"]), list(state["seen"])
+
+    def _nolag_save(self, gateway_id: str, actor: str, topic: str, record: tuple | None,
+                    position: int | None) -> bool:
+        state = self.nolag.setdefault(actor, {"subs": {}, "resume": {}, "seen": []})
+        if record is None:
+            state["subs"].pop(topic, None)
+            state["resume"].pop(topic, None)
+        else:
+            state["subs"][topic] = record
+            if position is not None:
+                state["resume"].setdefault(topic, position)
+        return True
+
+    def _nolag_check(self, gateway_id: str, actor: str, resume: dict[str, int]) -> bool:
+        """Where to replay from per topic (checkpointed while connected, final when it leaves)."""
+        state = self.nolag.get(actor)
+        if state is not None:
+            state["resume"].update({topic: ts for topic, ts in resume.items() if topic in state["subs"]})
+        return True
+
+    def _nolag_leave(self, gateway_id: str, actor: str, resume: dict[str, int], seen: list[str]) -> bool:
+        self._nolag_check(gateway_id, actor, resume)
+        state = self.nolag.get(actor)
+        if state is not None:
+            state["seen"] = (state["seen"] + seen)[-1000:]
+        return True
 
     def _record(self, gateway_id: str, session_id: str, kind: str, value: str, present: bool) -> bool:
         return self.table.record(session_id, kind, value, present)
@@ -402,3 +599,170 @@ RegistryShardActor = ray.remote(**_ACTOR_OPTIONS)(RegistryShard)
 SessionShardActor = ray.remote(**_ACTOR_OPTIONS)(SessionShard)
 
 SHARD_ACTORS = {TOPIC: TopicShardActor, REGISTRY: RegistryShardActor, SESSION: SessionShardActor}
+
+
+# -- Baqend real-time queries: documents by id, queries by subscription (docs/baqend.md) -------------
+
+from actors.documents import NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable, reader  # noqa: E402,I001
+from actors.livequeries import QueryTable  # noqa: E402
+from actors.mongoquery import QueryError, compile_query  # noqa: E402
+from router.shardmap import DOCUMENT, QUERY, shard_index  # noqa: E402
+
+
+class DocumentShard(ShardBase):
+    """Commands: insert, replace, update, delete, get, scan, stats.
+
+    Owns the documents whose id hashes here. Each write is checked (version, acl), buffered, and
+    committed to SQLite at the end of the batch; then the batch's (before, after) images are sent
+    to every query shard in one call each, stamped ``(index, epoch, seq)`` (see
+    :mod:`actors.livequeries` for why that keeps initial results and events consistent).
+    """
+
+    kind = DOCUMENT
+
+    def __init__(self, index: int, settings: RouterSettings, store: Any = None) -> None:
+        super().__init__(index, settings)
+        self.index = index
+        count = settings.shards.document
+        self.table = DocumentTable(
+            store or SqliteDocumentStore(settings.data_dir / "documents.sqlite3"),
+            owns=lambda oid: shard_index(oid, count) == index,
+        )
+        self._seq_counter = 0
+        self._forward: list[tuple] = []
+        self._forward_timeout_s = settings.baqend.request_timeout_s / 2
+        self._query_shards: list[Any] | None = None
+        self._ops = {
+            "insert": self._insert,
+            "replace": self._replace,
+            "update": self._update,
+            "delete": self._delete,
+            "get": self._get,
+            "scan": self._scan,
+            "stats": lambda gateway_id: self._stats(),
+        }
+
+    def _written(self, bucket: str, before: Any, after: Any, operation: str, meta: tuple | None) -> None:
+        self._seq_counter += 1
+        self._forward.append((bucket, before, after, operation, self._seq_counter, meta))
+
+    def _iso(self) -> str:
+        return iso_now(self._now)
+
+    def _insert(self, gateway_id, bucket, key, fields, principals=frozenset(), meta=None):
+        before, after = self.table.insert(bucket, key, fields, self._iso(), principals)
+        self._written(bucket, before, after, "insert", meta)
+        return after
+
+    def _replace(self, gateway_id, bucket, key, fields, if_match, principals=frozenset(), meta=None):
+        before, after = self.table.replace(bucket, key, fields, if_match, self._iso(), principals)
+        self._written(bucket, before, after, "update" if before is not None else "insert", meta)
+        return after, before is None
+
+    def _update(self, gateway_id, bucket, key, operations, if_match, principals=frozenset(), meta=None):
+        before, after = self.table.update(bucket, key, operations, if_match, self._iso(), principals)
+        self._written(bucket, before, after, "update", meta)
+        return after
+
+    def _delete(self, gateway_id, bucket, key, if_match, principals=frozenset(), meta=None):
+        before, after = self.table.delete(bucket, key, if_match, principals)
+        self._written(bucket, before, after, "delete", meta)
+        return before
+
+    def _get(self, gateway_id, bucket, key, principals=frozenset()):
+        oid = object_id(bucket, key)
+        document = self.table.get(oid)
+        if document is None or not readable(document, principals):
+            # An object the caller may not read is reported as missing: its existence is not revealed.
+            raise CommandError(NOT_FOUND, f"the object {oid} does not exist")
+        return document
+
+    def _scan(self, gateway_id: str, bucket: str, query: Any = None) -> tuple[int, str, int, list]:
+        """The bucket's matching documents, and the stamp of the last write they include."""
+        try:
+            keep = compile_query(query or {})
+        except QueryError as error:
+            raise CommandError("bad_request", str(error)) from None
+        return self.index, self.epoch, self._seq_counter, self.table.scan(bucket, keep)
+
+    def _after_batch(self) -> None:
+        if self.table.dirty:
+            self.table.commit()  # before the answers leave and before any query hears of it
+        if self._forward:
+            items, self._forward = self._forward, []
+            calls = [shard.handle.remote(self.name, [("writes", self.index, self.epoch, items)])
+                     for shard in self._queries()]
+            # Wait until every query shard has applied the batch before the writes are answered:
+            # a client that writes B after A's answer then gets A's events before B's, even when
+            # A and B are documents of different shards (whose calls Ray would not order).
+            ready, pending = ray.wait(calls, num_returns=len(calls), timeout=self._forward_timeout_s)
+            if pending:
+                logger.warning("%s: %d query shard(s) did not apply writes within %gs", self.name, len(pending),
+                               self._forward_timeout_s)
+
+    def _queries(self) -> list[Any]:
+        if self._query_shards is None:
+            self._query_shards = [ray.get_actor(shard_name(QUERY, i), namespace=self.namespace)
+                                  for i in range(self.settings.shards.query)]
+        return self._query_shards
+
+    def _stats(self) -> dict[str, Any]:
+        return {"writes": self.table.writes, "seq": self._seq_counter}
+
+
+class QueryShard(ShardBase):
+    """Commands: sub, load, unsub, purge, stats from gateways; writes from document shards.
+
+    Holds the real-time queries whose subscription key hashes here (:class:`QueryTable`) and
+    emits their ``result`` and ``match`` payloads as ``DELIVER_EVENT`` to the subscribers.
+    """
+
+    kind = QUERY
+
+    def __init__(self, index: int, settings: RouterSettings) -> None:
+        super().__init__(index, settings)
+        self.table = QueryTable()
+        self._ops = {
+            "sub": self._subscribe,
+            "load": self._load,
+            "unsub": self._unsubscribe,
+            "purge": self._purge,
+            "writes": self._writes,
+            "stats": lambda gateway_id: self._stats(),
+        }
+
+    def _subscribe(self, gateway_id, key, connection_id, sub_id, spec, principals=frozenset()) -> bool:
+        return self.table.add(key, (gateway_id, connection_id), sub_id, spec, reader(frozenset(principals)))
+
+    def _load(self, gateway_id: str, key: str, scans: list) -> bool:
+        outputs = self.table.load(key, scans)
+        if outputs is None:
+            return False
+        self._deliver(outputs)
+        return True
+
+    def _unsubscribe(self, gateway_id: str, key: str) -> bool:
+        return self.table.remove(key)
+
+    def _purge(self, gateway_id: str, connection_id: int) -> int:
+        return self.table.purge_connection((gateway_id, connection_id))
+
+    def _writes(self, source_name: str, source: int, epoch: str, items: list) -> int:
+        outputs = self.table.apply(source, epoch, items)
+        self._deliver(outputs)
+        return len(outputs)
+
+    def _deliver(self, outputs: list) -> None:
+        for (gateway_id, connection_id), payload in outputs:
+            self._emit({gateway_id: (connection_id,)}, payload, DELIVER_EVENT, None)
+
+    def _purge_gateway_state(self, gateway_id: str) -> int:
+        return self.table.purge_gateway(gateway_id)
+
+    def _stats(self) -> dict[str, Any]:
+        return self.table.stats()
+
+
+DocumentShardActor = ray.remote(**_ACTOR_OPTIONS)(DocumentShard)
+QueryShardActor = ray.remote(**_ACTOR_OPTIONS)(QueryShard)
+SHARD_ACTORS.update({DOCUMENT: DocumentShardActor, QUERY: QueryShardActor})

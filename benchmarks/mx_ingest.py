@@ -119,7 +119,7 @@ def run(args: argparse.Namespace, data_dir: str) -> dict:
     settings = load_settings(
         port=0, gateways=args.gateways, namespace=f"bench-mx-{os.getpid()}", ray_dashboard=False, data_dir=data_dir,
         shards={"session": 1, "topic": args.topic_shards, "registry": 1}, signal={"enabled": False},
-        cashu={"enabled": False}, analytics={"enabled": args.eventlog == "on"},
+        cashu={"enabled": False}, baqend={"enabled": False}, analytics={"enabled": args.eventlog == "on"},
         mx={"max_queue_depth": 1_000_000})
     router = Router(settings)
     endpoints = router.start()

@@ -27,7 +27,7 @@ from gateways.shardclient import DeliverySequencer, ShardClient
 from router.config import RouterSettings
 from router.eventlog import EventLog
 from router.metrics import GatewayMetrics
-from router.shardmap import SHARD_KINDS, shard_name
+from router.shardmap import shard_kinds, shard_name
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,20 @@ def build_dialects(gateway: "Gateway", settings: RouterSettings) -> list[Dialect
         from gateways.cashu.session import CashuDialect
 
         dialects.append(CashuDialect(gateway, settings.cashu))
+    if settings.nolag.enabled:
+        from gateways.nolag.session import NolagDialect
+
+        dialects.append(NolagDialect(gateway, settings.nolag))
     if settings.mx.enabled:
         from gateways.mx.ingest import NodeIngestDialect
         from gateways.mx.session import MxHubDialect
 
         hub = MxHubDialect(gateway, settings.mx)
         dialects.extend([hub, NodeIngestDialect(gateway, settings.mx, hub)])
+    if settings.baqend.enabled:
+        from gateways.baqend.session import BaqendDialect
+
+        dialects.append(BaqendDialect(gateway, settings.baqend))
     return dialects
 
 
@@ -175,6 +183,13 @@ class Gateway:
             await self.loop.run_in_executor(None, self.events.close)
 
     # -- connections ----------------------------------------------------------------------
+
+    def close_connections(self, dialect: str | None, code: int, reason: str) -> int:
+        closing = [c for c in self.connections.values()
+                   if c.ws is not None and (dialect is None or (c.dialect is not None and c.dialect.name == dialect))]
+        for connection in closing:
+            connection.close(code, reason)
+        return len(closing)
 
     def add_connection(self, connection: Connection) -> int:
         self._next_connection_id += 1
@@ -407,7 +422,7 @@ class GatewayActor:
 
     async def start(self) -> dict[str, Any]:
         settings = self._settings
-        counts = {kind: getattr(settings.shards, kind) for kind in SHARD_KINDS}
+        counts = {kind: getattr(settings.shards, kind) for kind in shard_kinds(settings)}
         handles = {
             kind: [
                 (shard_name(kind, i), ray.get_actor(shard_name(kind, i), namespace=settings.namespace))
@@ -434,6 +449,11 @@ class GatewayActor:
 
     async def flush_events(self) -> int:
         return await self._gateway.flush_events()
+
+    async def close_connections(self, dialect: str | None = None, code: int = 1001,
+                                reason: str = "going away") -> int:
+        """Close this gateway's WebSockets (of one dialect): e.g. to move clients off before maintenance."""
+        return self._gateway.close_connections(dialect, code, reason)
 
     async def stop(self) -> None:
         if self._gateway is not None:

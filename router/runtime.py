@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.shards import SHARD_ACTORS
 from gateways.gateway import GatewayActor
 from router.config import RouterSettings
-from router.shardmap import SHARD_KINDS, gateway_name, shard_name
+from router.shardmap import ALL_SHARD_KINDS, gateway_name, shard_kinds, shard_name
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Router:
 
     def _start_shards(self) -> None:
         settings = self.settings
-        for kind in SHARD_KINDS:
+        for kind in shard_kinds(settings):
             actor_class = SHARD_ACTORS[kind]
             self.shards[kind] = [
                 actor_class.options(
@@ -156,7 +156,7 @@ def cluster_status(namespace: str) -> dict[str, Any]:
             continue
         if name.startswith("gateway-"):
             gateways.append(actor.stats.remote())
-        elif any(name.startswith(f"{kind}-shard-") for kind in SHARD_KINDS):
+        elif any(name.startswith(f"{kind}-shard-") for kind in ALL_SHARD_KINDS):
             shards.append(actor.info.remote())
     return {
         "namespace": namespace,

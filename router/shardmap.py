@@ -6,14 +6,25 @@ is never used: xxh64 of the UTF-8 key, modulo the shard count.
 
 from __future__ import annotations
 
+from typing import Any
+
 import xxhash
 
 SESSION = "session"
 TOPIC = "topic"
 REGISTRY = "registry"
+DOCUMENT = "document"  # Baqend documents, by id
+QUERY = "query"  # Baqend real-time queries, by subscription
 SHARD_KINDS = (SESSION, TOPIC, REGISTRY)
+BAQEND_SHARD_KINDS = (DOCUMENT, QUERY)
+ALL_SHARD_KINDS = SHARD_KINDS + BAQEND_SHARD_KINDS
 
 GATEWAY_PREFIX = "gateway-"
+
+
+def shard_kinds(settings: Any) -> tuple[str, ...]:
+    """The kinds a router with ``settings`` starts: Baqend's only when the dialect is enabled."""
+    return ALL_SHARD_KINDS if settings.baqend.enabled else SHARD_KINDS
 
 
 def shard_index(key: str, count: int) -> int:

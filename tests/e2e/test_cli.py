@@ -87,6 +87,7 @@ def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime, t
         report = json.loads(status.stdout)
         assert len(report["gateways"]) == 2
         assert sorted(shard["name"] for shard in report["shards"]) == [
+            "document-shard-0", "document-shard-1", "query-shard-0", "query-shard-1",
             "registry-shard-0", "registry-shard-1", "session-shard-0", "session-shard-1",
             "topic-shard-0", "topic-shard-1",
         ]

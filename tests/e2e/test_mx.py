@@ -35,6 +35,7 @@ def mx(ray_runtime, tmp_path_factory) -> RunningRouter:
     running = start_router(
         namespace="e2e-mx", data_dir=tmp_path_factory.mktemp("mx-data"), port=0, gateways=2, ray_dashboard=False,
         shards={"session": 1, "topic": 2, "registry": 1}, signal={"enabled": False}, cashu={"enabled": False},
+        baqend={"enabled": False},
         gateway={"sweep_interval_s": 0.1},
         mx={"max_queue_depth": 20, "ack_timeout_s": 60},
     )

@@ -72,8 +72,9 @@ def test_upstream_disconnect_and_reconnect_keeps_consumers(ray_runtime, tmp_path
         await fake.start()
         running = await asyncio.to_thread(
             start_router, namespace="e2e-mx-upstream", data_dir=tmp_path, port=0, gateways=1, ray_dashboard=False,
-            shards={"session": 1, "topic": 1, "registry": 1}, signal={"enabled": False}, cashu={"enabled": False}, analytics={"enabled": False}, gateway={"sweep_interval_s": 0.1},
-            mx={"text_frames": "close", "ingest": {"mode": "client", "connect_url": f"ws://127.0.0.1:{fake.port}/save",
+            shards={"session": 1, "topic": 1, "registry": 1}, signal={"enabled": False}, cashu={"enabled": False},
+            baqend={"enabled": False}, analytics={"enabled": False}, gateway={"sweep_interval_s": 0.1},
+            mx={"text_frames": "close", "ack_timeout_s": 1, "ingest": {"mode": "client", "connect_url": f"ws://127.0.0.1:{fake.port}/save",
                                                    "reconnect_min_s": 0.1, "reconnect_max_s": 0.3}})
         gateway = running.router.gateways[0].actor
         upstream = lambda: ray.get(gateway.stats.remote())["dialects"]["mx-node"]["upstream"]  # noqa: E731
@@ -104,6 +105,16 @@ def test_upstream_disconnect_and_reconnect_keeps_consumers(ray_runtime, tmp_path
             assert consumer.ws.close_code is None
             state = upstream()
             assert (state["connected"], state["connects"], state["disconnects"]) == (True, 2, 1)
+
+            # a consumer that asked for ACKs and never sends one is closed after ack_timeout_s
+            silent = await Consumer.open(url, ack=True)
+            await silent.subscribe("All")
+            third = generator.generate_save_block(9, transactions=2)
+            await fake.save(third)
+            first_frame = await silent.frame()
+            assert (first_frame.counter, first_frame.with_acknowledge) == (1, True)
+            await asyncio.wait_for(silent.ws.wait_closed(), 10)
+            assert (silent.ws.close_code, silent.ws.close_reason) == (1008, "no ACK for counter 1 within 1 s")
 
             # text_frames = "close": a text frame on the binary-only endpoint closes with 1003
             await consumer.ws.send("hello")

@@ -31,7 +31,8 @@ def test_health_on_every_gateway_and_on_a_dialects_own_port(hub, open_hub):
             assert int(headers["content-length"]) == len(body)
             health = json.loads(body)
             assert health["status"] == "ok" and health["endpoints"] == {
-                "signal": expected_path, "cashu": "/v1/ws", "mx": "/hub/ws", "mx-node": "/save"}
+                "signal": expected_path, "cashu": "/v1/ws", "mx": "/hub/ws", "mx-node": "/save",
+                "nolag": "/ws", "baqend": "/v1/events"}
             assert isinstance(health["connections"], int) and health["gateway"]
 
     run(scenario())

@@ -1,0 +1,476 @@
+"""Baqend documents: storage, versioned writes, partial updates and ACLs (baqend-notes.md, "REST").
+
+A document is a JSON object ``{"id": "/db/<Bucket>/<key>", "version", "acl", "createdAt",
+"updatedAt", ...fields}``. :class:`DocumentTable` applies one write at a time with the version
+check of ``If-Match`` and answers with the (before, after) images that real-time queries are
+matched against; it keeps writes in a buffer until :meth:`DocumentTable.commit` writes them to
+its :class:`DocumentStore` in one transaction. Pure apart from the store: no Ray, no sockets.
+"""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+import uuid
+from abc import ABC, abstractmethod
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import orjson
+
+from router.errors import CommandError
+
+Document = dict[str, Any]
+Principals = frozenset[str]  # "/db/User/<id>", "/db/Role/<name>"; empty = anonymous
+
+NOT_FOUND = "not_found"
+PRECONDITION_FAILED = "precondition_failed"
+EXISTS = "exists"
+BAD_REQUEST = "bad_request"
+FORBIDDEN = "forbidden"
+
+METADATA = ("id", "version", "acl", "createdAt", "updatedAt")
+_READ_ONLY = frozenset({"id", "version", "createdAt", "updatedAt"})
+
+
+def iso_now(now_ms: int) -> str:
+    """Baqend's timestamp format: ISO-8601 UTC with milliseconds, ``2017-08-17T05:02:45.540Z``."""
+    moment = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now_ms % 1000:03d}Z"
+
+
+def object_id(bucket: str, key: str) -> str:
+    return f"/db/{bucket}/{key}"
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+# -- access control ------------------------------------------------------------------------------
+
+
+def permitted(rules: Any, principals: Principals) -> bool:
+    """One permission of an ``acl`` (``{"/db/User/1": "allow", "/db/Role/x": "deny"}``).
+
+    A principal that is denied never passes; when any principal is allowed, only those pass;
+    with no rules everyone passes (the object is public for that permission).
+    """
+    if not rules or type(rules) is not dict:
+        return True
+    allowed = False
+    for ref, rule in rules.items():
+        if rule == "deny" and ref in principals:
+            return False
+        if rule == "allow":
+            allowed = True
+    if not allowed:
+        return True
+    return any(rules.get(ref) == "allow" for ref in principals)
+
+
+def readable(document: Mapping[str, Any], principals: Principals) -> bool:
+    acl = document.get("acl")
+    return acl is None or type(acl) is not dict or permitted(acl.get("read"), principals)
+
+
+def writable(document: Mapping[str, Any], principals: Principals) -> bool:
+    acl = document.get("acl")
+    return not isinstance(acl, Mapping) or permitted(acl.get("write"), principals)
+
+
+def reader(principals: Principals) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda document: readable(document, principals)
+
+
+def check_acl(value: Any) -> Any:
+    """An ``acl`` as sent: null, or ``{"read": {ref: "allow"|"deny"}, "write": {...}}``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"read", "write"}:
+        raise CommandError(BAD_REQUEST, 'acl must be null or {"read": {...}, "write": {...}}')
+    for name, rules in value.items():
+        if rules is None:
+            continue
+        if not isinstance(rules, dict) or any(rule not in ("allow", "deny") for rule in rules.values()):
+            raise CommandError(BAD_REQUEST, f'acl.{name} must map user or role ids to "allow" or "deny"')
+    return value
+
+
+# -- partial updates -----------------------------------------------------------------------------
+
+
+def _parent(document: Document, path: str, create: bool) -> tuple[Any, str]:
+    """The container holding the last part of a dotted path, and that part."""
+    parts = path.split(".")
+    if any(not part for part in parts):
+        raise CommandError(BAD_REQUEST, f"invalid field path {path!r}")
+    if parts[0] in _READ_ONLY:
+        raise CommandError(BAD_REQUEST, f"{parts[0]} cannot be changed by a partial update")
+    node: Any = document
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise CommandError(BAD_REQUEST, f"{path}: no element {part}")
+            node = node[int(part)]
+            continue
+        if not isinstance(node, dict):
+            raise CommandError(BAD_REQUEST, f"{path}: {part} is not an object")
+        child = node.get(part)
+        if child is None:
+            if not create:
+                return None, parts[-1]
+            child = node[part] = {}
+        node = child
+    return node, parts[-1]
+
+
+def _get(document: Document, path: str) -> Any:
+    node, name = _parent(document, path, False)
+    if isinstance(node, dict):
+        return node.get(name)
+    if isinstance(node, list) and name.isdigit() and int(name) < len(node):
+        return node[int(name)]
+    return None
+
+
+def _set(document: Document, path: str, value: Any) -> None:
+    node, name = _parent(document, path, True)
+    if isinstance(node, list):
+        if not name.isdigit() or int(name) >= len(node):
+            raise CommandError(BAD_REQUEST, f"{path}: no element {name}")
+        node[int(name)] = value
+    elif isinstance(node, dict):
+        node[name] = value
+    else:
+        raise CommandError(BAD_REQUEST, f"{path}: the parent is not an object")
+
+
+def _number(value: Any, operator: str, path: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CommandError(BAD_REQUEST, f"{operator} on {path} needs a number")
+    return value
+
+
+def _list(document: Document, path: str, operator: str) -> list:
+    current = _get(document, path)
+    if current is None:
+        current = []
+        _set(document, path, current)
+    if not isinstance(current, list):
+        raise CommandError(BAD_REQUEST, f"{operator}: {path} is not an array")
+    return current
+
+
+def _arithmetic(operator: str) -> Callable[[Any, Any], Any]:
+    return {
+        "$inc": lambda a, b: a + b,
+        "$dec": lambda a, b: a - b,
+        "$mul": lambda a, b: a * b,
+        "$min": min,
+        "$max": max,
+    }[operator]
+
+
+_BITWISE = {"$and": lambda a, b: a & b, "$or": lambda a, b: a | b, "$xor": lambda a, b: a ^ b}
+UPDATE_OPERATORS = frozenset({
+    "$set", "$unset", "$inc", "$dec", "$mul", "$min", "$max", "$push", "$unshift", "$pop", "$shift", "$add",
+    "$remove", "$put", "$replace", "$currentDate", "$rename", "$and", "$or", "$xor",
+})
+
+
+def apply_update(document: Document, operations: Any, now: str) -> Document:
+    """A new document with the SDK's partial update ``{"$set": {"a.b": 1}, "$inc": {"n": 2}}`` applied."""
+    if not isinstance(operations, dict) or not operations:
+        raise CommandError(BAD_REQUEST, 'a partial update is an object such as {"$set": {"name": "x"}}')
+    result = copy.deepcopy(document)
+    for operator, fields in operations.items():
+        if operator not in UPDATE_OPERATORS:
+            raise CommandError(BAD_REQUEST, f"unknown update operator {operator}; known: "
+                               + ", ".join(sorted(UPDATE_OPERATORS)))
+        if not isinstance(fields, dict):
+            raise CommandError(BAD_REQUEST, f"{operator} needs an object of field paths")
+        for path, value in fields.items():
+            _apply_one(result, operator, path, value, now)
+    return result
+
+
+def _apply_one(document: Document, operator: str, path: str, value: Any, now: str) -> None:
+    if operator == "$set":
+        _set(document, path, value)
+    elif operator == "$unset":
+        node, name = _parent(document, path, False)
+        if isinstance(node, dict):
+            node.pop(name, None)
+    elif operator in ("$inc", "$dec", "$mul", "$min", "$max"):
+        operand = _number(value, operator, path)
+        current = _get(document, path)
+        if current is None:
+            current = 0 if operator in ("$inc", "$dec", "$mul") else operand
+        _set(document, path, _arithmetic(operator)(_number(current, operator, path), operand))
+    elif operator in _BITWISE:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CommandError(BAD_REQUEST, f"{operator} on {path} needs an integer")
+        current = _get(document, path) or 0
+        if isinstance(current, bool) or not isinstance(current, int):
+            raise CommandError(BAD_REQUEST, f"{operator}: {path} is not an integer")
+        _set(document, path, _BITWISE[operator](current, value))
+    elif operator == "$push":
+        _list(document, path, operator).append(value)
+    elif operator == "$unshift":
+        _list(document, path, operator).insert(0, value)
+    elif operator == "$pop":
+        items = _list(document, path, operator)
+        if items:
+            items.pop()
+    elif operator == "$shift":
+        items = _list(document, path, operator)
+        if items:
+            items.pop(0)
+    elif operator == "$add":
+        items = _list(document, path, operator)
+        if value not in items:
+            items.append(value)
+    elif operator == "$remove":
+        current = _get(document, path)
+        if isinstance(current, list):
+            current[:] = [item for item in current if item != value]
+        elif isinstance(current, dict):
+            if not isinstance(value, str):
+                raise CommandError(BAD_REQUEST, f"$remove on the map {path} needs a key")
+            current.pop(value, None)
+    elif operator == "$put":
+        if not isinstance(value, dict):
+            raise CommandError(BAD_REQUEST, f"$put on {path} needs an object")
+        current = _get(document, path)
+        if current is None:
+            current = {}
+            _set(document, path, current)
+        if not isinstance(current, dict):
+            raise CommandError(BAD_REQUEST, f"$put: {path} is not a map")
+        current.update(value)
+    elif operator == "$replace":
+        node, name = _parent(document, path, False)
+        if not isinstance(node, list) or not name.isdigit() or int(name) >= len(node):
+            raise CommandError(BAD_REQUEST, f"$replace: {path} is not an element of an array")
+        node[int(name)] = value
+    elif operator == "$currentDate":
+        _set(document, path, now)
+    elif operator == "$rename":
+        if not isinstance(value, str) or not value:
+            raise CommandError(BAD_REQUEST, f"$rename of {path} needs the new field name")
+        node, name = _parent(document, path, False)
+        if isinstance(node, dict) and name in node:
+            moved = node.pop(name)
+            _set(document, value, moved)
+
+
+# -- storage ---------------------------------------------------------------------------------------
+
+
+class DocumentStore(ABC):
+    """Where documents live; the table reads through it and writes in batches."""
+
+    @abstractmethod
+    def load(self, oid: str) -> Document | None: ...
+
+    @abstractmethod
+    def scan(self, bucket: str) -> Iterator[Document]: ...
+
+    @abstractmethod
+    def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
+        """Write ``(id, bucket, document or None to delete)`` rows atomically."""
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryDocumentStore(DocumentStore):
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, bytes]] = {}
+
+    def load(self, oid: str) -> Document | None:
+        row = self.rows.get(oid)
+        return None if row is None else orjson.loads(row[1])
+
+    def scan(self, bucket: str) -> Iterator[Document]:
+        for row_bucket, body in list(self.rows.values()):
+            if row_bucket == bucket:
+                yield orjson.loads(body)
+
+    def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
+        for oid, bucket, document in rows:
+            if document is None:
+                self.rows.pop(oid, None)
+            else:
+                self.rows[oid] = (bucket, orjson.dumps(document))
+
+
+class SqliteDocumentStore(DocumentStore):
+    """One SQLite file (WAL) shared by the document shards of a machine; each reads its own ids."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS documents "
+                         "(id TEXT PRIMARY KEY, bucket TEXT NOT NULL, body BLOB NOT NULL)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS documents_bucket ON documents (bucket)")
+
+    def load(self, oid: str) -> Document | None:
+        row = self._db.execute("SELECT body FROM documents WHERE id = ?", (oid,)).fetchone()
+        return None if row is None else orjson.loads(row[0])
+
+    def scan(self, bucket: str) -> Iterator[Document]:
+        for (body,) in self._db.execute("SELECT body FROM documents WHERE bucket = ?", (bucket,)).fetchall():
+            yield orjson.loads(body)
+
+    def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for oid, bucket, document in rows:
+                if document is None:
+                    db.execute("DELETE FROM documents WHERE id = ?", (oid,))
+                else:
+                    db.execute("INSERT INTO documents (id, bucket, body) VALUES (?, ?, ?) ON CONFLICT(id) "
+                               "DO UPDATE SET bucket = excluded.bucket, body = excluded.body",
+                               (oid, bucket, orjson.dumps(document)))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+Write = tuple[Document | None, Document | None]  # (before image, after image)
+
+
+class DocumentTable:
+    """The documents one shard owns: versioned writes, buffered until :meth:`commit`.
+
+    ``owns(id)`` tells which documents of a shared store belong to this table (for scans).
+    Every write returns its (before, after) images; the caller forwards them to the queries.
+    """
+
+    def __init__(self, store: DocumentStore, owns: Callable[[str], bool] = lambda oid: True) -> None:
+        self.store = store
+        self.owns = owns
+        self._pending: dict[str, tuple[str, Document | None]] = {}
+        self.writes = 0
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending)
+
+    def get(self, oid: str) -> Document | None:
+        pending = self._pending.get(oid)
+        if pending is not None:
+            return pending[1]
+        return self.store.load(oid)
+
+    def scan(self, bucket: str, keep: Callable[[Document], bool] = lambda d: True) -> list[Document]:
+        found: dict[str, Document] = {}
+        for document in self.store.scan(bucket):
+            oid = document["id"]
+            if oid not in self._pending and self.owns(oid) and keep(document):
+                found[oid] = document
+        for oid, (row_bucket, document) in self._pending.items():
+            if row_bucket == bucket and document is not None and keep(document):
+                found[oid] = document
+        return list(found.values())
+
+    def commit(self) -> None:
+        if not self._pending:
+            return
+        rows = [(oid, bucket, document) for oid, (bucket, document) in self._pending.items()]
+        self.store.save(rows)
+        self._pending.clear()
+
+    def _put(self, oid: str, bucket: str, document: Document | None) -> None:
+        self._pending[oid] = (bucket, document)
+        self.writes += 1
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def insert(self, bucket: str, key: str, fields: Mapping[str, Any], now: str,
+               principals: Principals = frozenset()) -> Write:
+        oid = object_id(bucket, key)
+        if self.get(oid) is not None:
+            raise CommandError(EXISTS, f"the object {oid} already exists")
+        document = self._stamp(oid, fields, 1, now, now)
+        self._put(oid, bucket, document)
+        return None, document
+
+    def replace(self, bucket: str, key: str, fields: Mapping[str, Any], if_match: str | None, now: str,
+                principals: Principals = frozenset()) -> Write:
+        """PUT: with a version, only that version is replaced; ``*`` needs the object to exist;
+        without ``If-Match`` the object is replaced or created (the SDK's forced save)."""
+        oid = object_id(bucket, key)
+        before = self._current(oid, if_match, principals, create=if_match is None)
+        if before is None:
+            after = self._stamp(oid, fields, 1, now, now)
+        else:
+            after = self._stamp(oid, fields, before["version"] + 1, before.get("createdAt", now), now)
+        self._put(oid, bucket, after)
+        return before, after
+
+    def update(self, bucket: str, key: str, operations: Any, if_match: str | None, now: str,
+               principals: Principals = frozenset()) -> Write:
+        oid = object_id(bucket, key)
+        before = self._current(oid, if_match, principals)
+        changed = apply_update(before, operations, now)
+        check_acl(changed.get("acl"))
+        changed["version"] = before["version"] + 1
+        changed["updatedAt"] = now
+        self._put(oid, bucket, changed)
+        return before, changed
+
+    def delete(self, bucket: str, key: str, if_match: str | None, principals: Principals = frozenset()) -> Write:
+        oid = object_id(bucket, key)
+        before = self._current(oid, if_match, principals)
+        self._put(oid, bucket, None)
+        return before, None
+
+    def _current(self, oid: str, if_match: str | None, principals: Principals, create: bool = False) -> Document | None:
+        current = self.get(oid)
+        if current is None:
+            if create:
+                return None
+            raise CommandError(NOT_FOUND, f"the object {oid} does not exist")
+        if if_match not in (None, "*") and str(current["version"]) != if_match:
+            raise CommandError(PRECONDITION_FAILED, f"the object {oid} is at version {current['version']}, "
+                               f"not {if_match}")
+        if not writable(current, principals):
+            raise CommandError(FORBIDDEN, f"the acl of {oid} does not allow this write")
+        return current
+
+    @staticmethod
+    def _stamp(oid: str, fields: Mapping[str, Any], version: int, created: str, now: str) -> Document:
+        document: Document = {"id": oid, "version": version, "acl": check_acl(fields.get("acl")),
+                              "createdAt": created, "updatedAt": now}
+        for name, value in fields.items():
+            if name not in METADATA:
+                document[name] = value
+        return document
+
+
+def principals_of(claims: Mapping[str, Any]) -> Principals:
+    """The user and roles a token speaks for: ``sub`` (a user id or ``/db/User/<id>``) and ``roles``."""
+    refs: set[str] = set()
+    subject = claims.get("sub")
+    if isinstance(subject, str) and subject:
+        refs.add(subject if subject.startswith("/db/") else f"/db/User/{subject}")
+    roles = claims.get("roles")
+    if isinstance(roles, list):
+        for role in roles:
+            if isinstance(role, str) and role:
+                refs.add(role if role.startswith("/db/") else f"/db/Role/{role}")
+    return frozenset(refs)

@@ -1,0 +1,258 @@
+"""The real-time queries one query shard owns, and the events each write causes for them.
+
+InvaliDB's design: queries are partitioned across query shards (by subscription), documents across
+document shards (by id), and every write's (before, after) images reach every query shard, which
+matches them against its own queries only. Each query keeps its window (:class:`RealtimeQuery`),
+so a write is evaluated against the window, never by re-running the query.
+
+Consistency of the initial result with the stream of writes. A document shard stamps each write
+it forwards with ``(source, epoch, seq)``: its index, a random id of its incarnation, and a counter
+of its writes. Writes of one source arrive here in ``seq`` order (Ray runs one caller's calls to a
+synchronous actor in submission order). A subscription is registered first (:meth:`add`: writes
+for it are buffered from then on); then the gateway scans every document shard, each scan
+answering with its documents and the ``(epoch, seq)`` of its last write; :meth:`load` builds the
+query from the scans and replays the buffered writes the scans did not include (``seq`` above the
+scan's), and remembers to skip the writes the scans did include but that are still on their way.
+So the result is exactly the database as of the writes this shard has seen, and every later write
+is applied once. Pure: no Ray, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from actors.mongoquery import STRING, bson_key
+from actors.rtquery import Event, RealtimeQuery
+
+Route = tuple[str, int]  # (gateway id, connection id)
+Stamp = tuple[str, int]  # (epoch, seq) of a document shard
+# A forwarded write: (bucket, before image, after image, operation, seq, meta)
+WriteItem = tuple[str, Any, Any, str, int, Any]
+# Where, and the DELIVER_EVENT payload: ("result", key, documents) or ("match", key, [event fields], meta).
+# The key, unique per subscription, names it (a client may reuse a subscription id later).
+Output = tuple[Route, tuple]
+
+
+@dataclass(frozen=True, slots=True)
+class QuerySpec:
+    """The fields of a subscribe message a query is built from (already validated by the gateway)."""
+
+    bucket: str
+    query: Any = None
+    sort: Any = None
+    offset: Any = 0
+    limit: Any = None
+    match_types: Any = None
+    operations: Any = None
+    initial: bool = False
+
+    def build(self, documents: list[Mapping[str, Any]] = (), visible: Callable | None = None) -> RealtimeQuery:
+        return RealtimeQuery(self.query, self.sort, self.offset, self.limit, self.match_types, self.operations,
+                             documents, visible=visible)
+
+
+@dataclass(slots=True)
+class LiveQuery:
+    key: str
+    route: Route
+    sub_id: str
+    spec: QuerySpec
+    visible: Callable | None
+    query: RealtimeQuery | None = None  # None while loading
+    buffer: list[tuple[int, str, WriteItem]] = field(default_factory=list)
+    skip: dict[int, Stamp] = field(default_factory=dict)  # source -> writes up to here are in the result
+
+
+def index_term(query: Any) -> tuple[str, Any] | None:
+    """A top-level ``{"field": scalar}`` the query requires, to index it by; None if it has none.
+
+    Only plain strings (not date-like) and numbers: for them a dict lookup finds exactly the
+    documents MongoDB's equality can match (an array field is looked up by each element).
+    """
+    if not isinstance(query, dict):
+        return None
+    for name, value in query.items():
+        if name.startswith("$") or "." in name:
+            continue
+        if (type(value) in (int, float) and value == value) or (type(value) is str and bson_key(value)[0] == STRING):
+            return name, value
+    return None
+
+
+class _Bucket:
+    """A bucket's queries: those indexed by an equality term, and those every write is matched against."""
+
+    __slots__ = ("scan", "equal", "fields", "size")
+
+    def __init__(self) -> None:
+        self.scan: dict[str, LiveQuery] = {}
+        self.equal: dict[tuple[str, Any], dict[str, LiveQuery]] = {}
+        self.fields: dict[str, int] = {}  # indexed field -> queries indexed by it
+        self.size = 0
+
+    def add(self, live: LiveQuery) -> None:
+        self.size += 1
+        term = index_term(live.spec.query)
+        if term is None:
+            self.scan[live.key] = live
+            return
+        self.equal.setdefault(term, {})[live.key] = live
+        self.fields[term[0]] = self.fields.get(term[0], 0) + 1
+
+    def remove(self, live: LiveQuery) -> None:
+        self.size -= 1
+        term = index_term(live.spec.query)
+        if term is None:
+            self.scan.pop(live.key, None)
+            return
+        holders = self.equal.get(term)
+        if holders is not None and holders.pop(live.key, None) is not None:
+            if not holders:
+                del self.equal[term]
+            self.fields[term[0]] -= 1
+            if not self.fields[term[0]]:
+                del self.fields[term[0]]
+
+    def candidates(self, before: Any, after: Any) -> Any:
+        """The queries a write can concern: a query indexed by ``f = v`` only if before or after has it."""
+        if not self.fields:
+            return self.scan.values()
+        found = dict(self.scan)
+        equal = self.equal
+        for name in self.fields:
+            for image in (before, after):
+                if image is None:
+                    continue
+                value = image.get(name)
+                for item in (value if type(value) is list else (value,)):
+                    if type(item) in (int, float, str):
+                        holders = equal.get((name, item))
+                        if holders:
+                            found.update(holders)
+        return found.values()
+
+
+class QueryTable:
+    def __init__(self) -> None:
+        self.queries: dict[str, LiveQuery] = {}
+        self.by_bucket: dict[str, _Bucket] = {}
+        self.by_connection: dict[Route, set[str]] = {}
+        self.received: dict[int, Stamp] = {}  # source -> last write seen
+        self.writes = 0
+        self.events = 0
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def add(self, key: str, route: Route, sub_id: str, spec: QuerySpec, visible: Callable | None = None) -> bool:
+        """Register a query; writes for it are buffered until :meth:`load`. False if the key is taken."""
+        if key in self.queries:
+            return False
+        live = LiveQuery(key, route, sub_id, spec, visible)
+        self.queries[key] = live
+        bucket = self.by_bucket.get(spec.bucket)
+        if bucket is None:
+            bucket = self.by_bucket[spec.bucket] = _Bucket()
+        bucket.add(live)
+        self.by_connection.setdefault(route, set()).add(key)
+        return True
+
+    def load(self, key: str, scans: list[tuple[int, str, int, list]]) -> list[Output] | None:
+        """Build the query from every document shard's ``(source, epoch, seq, documents)``.
+
+        Returns the outputs to deliver (the ``result`` when asked for), or None if the query is
+        gone (unsubscribed meanwhile) or already loaded.
+        """
+        live = self.queries.get(key)
+        if live is None or live.query is not None:
+            return None
+        documents = [document for _, _, _, found in scans for document in found]
+        query = live.spec.build(documents, live.visible)
+        horizon = {source: (epoch, seq) for source, epoch, seq, _ in scans}
+        for source, epoch, item in live.buffer:
+            if not _covered(horizon.get(source), epoch, item[4]):
+                bucket, before, after, operation, _, _ = item
+                query.changes(before, after, operation)  # folded into the result, not sent
+        live.buffer = []
+        for source, stamp in horizon.items():
+            seen = self.received.get(source)
+            if seen is None or seen[0] != stamp[0] or seen[1] < stamp[1]:
+                live.skip[source] = stamp
+        live.query = query
+        if not live.spec.initial:
+            return []
+        return [(live.route, ("result", live.key, query.result()))]
+
+    def remove(self, key: str) -> bool:
+        live = self.queries.pop(key, None)
+        if live is None:
+            return False
+        bucket = self.by_bucket.get(live.spec.bucket)
+        if bucket is not None:
+            bucket.remove(live)
+            if not bucket.size:
+                del self.by_bucket[live.spec.bucket]
+        keys = self.by_connection.get(live.route)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_connection[live.route]
+        return True
+
+    def purge_connection(self, route: Route) -> int:
+        keys = list(self.by_connection.get(route, ()))
+        for key in keys:
+            self.remove(key)
+        return len(keys)
+
+    def purge_gateway(self, gateway_id: str) -> int:
+        count = 0
+        for route in [route for route in self.by_connection if route[0] == gateway_id]:
+            count += self.purge_connection(route)
+        return count
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def apply(self, source: int, epoch: str, items: list[WriteItem]) -> list[Output]:
+        """The events of a source's writes, in order, for every query of their buckets."""
+        outputs: list[Output] = []
+        for item in items:
+            self.writes += 1
+            bucket, before, after, operation, seq, meta = item
+            self.received[source] = (epoch, seq)
+            queries = self.by_bucket.get(bucket)
+            if queries is None:
+                continue
+            # A query indexed by f = v is skipped when neither image has v at f: the write can
+            # neither enter nor leave its result (nor matter while it loads).
+            for live in queries.candidates(before, after):
+                query = live.query
+                if query is None:
+                    live.buffer.append((source, epoch, item))
+                    continue
+                if live.skip:
+                    stamp = live.skip.get(source)
+                    if stamp is not None:
+                        if _covered(stamp, epoch, seq):
+                            continue
+                        del live.skip[source]
+                events = query.apply(before, after, operation)
+                if events:
+                    self.events += len(events)
+                    outputs.append((live.route, ("match", live.key, [event.fields() for event in events], meta)))
+        return outputs
+
+    def stats(self) -> dict[str, Any]:
+        return {"queries": len(self.queries), "loading": sum(1 for q in self.queries.values() if q.query is None),
+                "connections": len(self.by_connection), "writes": self.writes, "events": self.events}
+
+
+def _covered(stamp: Stamp | None, epoch: str, seq: int) -> bool:
+    """Whether a scan with ``stamp`` already includes the write ``(epoch, seq)`` of its source."""
+    return stamp is not None and stamp[0] == epoch and seq <= stamp[1]
+
+
+__all__ = ["Event", "LiveQuery", "QuerySpec", "QueryTable"]

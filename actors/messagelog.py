@@ -1,0 +1,134 @@
+"""The NoLag message log: stored publishes (they carry a ``msgId``) for replay after a reconnect.
+
+Behind :class:`MessageLog`; the embedded default is SQLite in WAL mode, one file that every topic
+shard of the machine shares (a writer waits for another instead of failing). A shard appends the
+publishes of one batch in one transaction (:meth:`MessageLog.append_many`) before the batch's
+results go back, so a message that was acknowledged with ``published`` can be replayed.
+
+Records keep the client's packed ``data`` bytes: replay splices them into ``message`` frames
+without decoding. A ``msgId`` is stored once; appending it again is a no-op (a retried batch).
+Retention is per topic: a callable from topic to milliseconds (None: keep forever), or the log's
+default; :meth:`MessageLog.prune` applies it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+Retention = Callable[[str], "int | None"]  # topic -> milliseconds to keep, None: forever
+
+DEFAULT_RETENTION_MS = 24 * 3600 * 1000
+_MAX_VARIABLES = 500  # topics per query (SQLite's limit on bound parameters is far above)
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    topic: str
+    msg_id: str
+    ts_ms: int
+    data_packed: bytes
+    qos: int
+    filter: str | None = None
+
+
+class MessageLog(ABC):
+    def append(self, topic: str, msg_id: str, ts_ms: int, data_packed: bytes, qos: int,
+               filter: str | None = None) -> None:
+        self.append_many([LogRecord(topic, msg_id, ts_ms, data_packed, qos, filter)])
+
+    @abstractmethod
+    def append_many(self, records: Iterable[LogRecord]) -> int:
+        """Store the records atomically (all or none); returns how many were new."""
+
+    @abstractmethod
+    def since(self, topics: list[str], after_ts_ms: int, limit: int, newest: bool = False) -> list[LogRecord]:
+        """Records of ``topics`` with ``ts_ms > after_ts_ms`` in (ts, append) order: the first
+        ``limit`` of them, or with ``newest`` the last ``limit``."""
+
+    @abstractmethod
+    def prune(self, now_ms: int, retention_ms_by_topic: Retention | None = None) -> int:
+        """Delete what retention no longer keeps; returns how many records went."""
+
+    def close(self) -> None:
+        pass
+
+
+class SqliteMessageLog(MessageLog):
+    def __init__(self, path: Path, retention_ms_by_topic: Retention | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.retention_ms_by_topic = retention_ms_by_topic or (lambda topic: DEFAULT_RETENTION_MS)
+        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(
+            "CREATE TABLE IF NOT EXISTS messages (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
+            "msg_id TEXT NOT NULL UNIQUE, ts_ms INTEGER NOT NULL, data BLOB NOT NULL, qos INTEGER NOT NULL, "
+            "filter TEXT);"
+            "CREATE INDEX IF NOT EXISTS messages_topic_ts ON messages (topic, ts_ms, seq);"
+        )
+
+    def append_many(self, records: Iterable[LogRecord]) -> int:
+        rows = [(r.topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter) for r in records]
+        if not rows:
+            return 0
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            before = db.total_changes
+            # only a repeated msgId is skipped; any other constraint still fails the whole batch
+            db.executemany("INSERT INTO messages (topic, msg_id, ts_ms, data, qos, filter) "
+                           "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (msg_id) DO NOTHING", rows)
+            added = db.total_changes - before
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return added
+
+    def since(self, topics: list[str], after_ts_ms: int, limit: int, newest: bool = False) -> list[LogRecord]:
+        if limit <= 0 or not topics:
+            return []
+        order = "DESC" if newest else "ASC"
+        rows: list[tuple] = []
+        distinct = sorted(set(topics))
+        for start in range(0, len(distinct), _MAX_VARIABLES):
+            chunk = distinct[start:start + _MAX_VARIABLES]
+            marks = ", ".join("?" * len(chunk))
+            rows += self._db.execute(
+                f"SELECT ts_ms, seq, topic, msg_id, data, qos, filter FROM messages "
+                f"WHERE topic IN ({marks}) AND ts_ms > ? ORDER BY ts_ms {order}, seq {order} LIMIT ?",
+                (*chunk, after_ts_ms, limit),
+            ).fetchall()
+        rows.sort(key=lambda row: (row[0], row[1]))
+        rows = rows[-limit:] if newest else rows[:limit]
+        return [LogRecord(topic, msg_id, ts_ms, bytes(data), qos, filter)
+                for ts_ms, _, topic, msg_id, data, qos, filter in rows]
+
+    def prune(self, now_ms: int, retention_ms_by_topic: Retention | None = None) -> int:
+        retention = retention_ms_by_topic or self.retention_ms_by_topic
+        topics = [row[0] for row in self._db.execute("SELECT DISTINCT topic FROM messages").fetchall()]
+        cuts = [(topic, now_ms - keep) for topic in topics if (keep := retention(topic)) is not None]
+        if not cuts:
+            return 0
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            before = db.total_changes
+            db.executemany("DELETE FROM messages WHERE topic = ? AND ts_ms < ?", cuts)
+            removed = db.total_changes - before
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return removed
+
+    def count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()

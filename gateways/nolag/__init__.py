@@ -1,0 +1,1 @@
+"""NoLag: MessagePack pub/sub with QoS, filters, load balancing, presence, lobbies and replay."""

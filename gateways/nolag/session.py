@@ -1,0 +1,692 @@
+"""NoLag: one client connection's state machine, and the dialect that serves ``/ws``.
+
+Order of checks on every frame, before any work: the empty heartbeat, the size (42930), the rate
+(42910), decoding, authentication. A publish then passes the quota (42920), the ACL
+(``not_authorized``) and the subscription check (``not_subscribed``), as the broker does.
+
+Where the state lives:
+- topic shards own topics (``nolag/<project>/<topic>``: subscribers with filters, QoS and
+  load-balance groups; the message log), rooms (``nolag-room/<project>/<room>``: presence, who is
+  in the room) and lobby listeners;
+- session shards own each actor's subscriptions, the point to replay from and the QoS 2 ids it
+  has seen, so a client that reconnects (``reconnect: true``) gets its subscriptions back and the
+  messages it missed, on any gateway;
+- this session holds what is per connection: unacknowledged QoS 1/2 messages (redelivered with
+  backoff), the replay in progress, the rate limiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import aiohttp
+
+from gateways.dialect import Dialect, DialectSession, Wire
+from gateways.nolag import codec
+from gateways.nolag.codec import NolagError
+from router.config import NolagConfig
+from router.errors import CommandError, ShardUnavailable
+from router.keys import KeyRecord, KeyStore, pattern_matches
+from router.ratelimit import TokenBucket
+from router.shardmap import SESSION, TOPIC
+
+logger = logging.getLogger(__name__)
+
+DIALECT = "nolag"
+HEARTBEAT = b""
+CHECKPOINT_S = 5.0  # how often a connection tells its session shard where to replay from
+ENVELOPE_ALLOWANCE = 4096  # a frame may exceed the data limit by this much (its other fields)
+
+
+def topic_key(project: str, topic: str) -> str:
+    return f"nolag/{project}/{topic}"
+
+
+def room_key(project: str, room: str | None) -> str:
+    return f"nolag-room/{project}/{room or ''}"
+
+
+def room_of(topic: str) -> str:
+    """``app/room/topic`` → ``room``: presence rooms are the middle segment of topic slugs."""
+    return topic.split("/")[1]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class NolagDialect(Dialect):
+    name = DIALECT
+
+    def __init__(self, gateway: Any, config: NolagConfig) -> None:
+        super().__init__(gateway)
+        self.config = config
+        self.limits = codec.Limits(max_topic_length=config.max_topic_length, max_filters=config.max_filters)
+        self.keys_path = config.keys_path or gateway.settings.data_dir / "keys.sqlite3"
+        self._keys: KeyStore | None = None
+        self.sessions: set[NolagSession] = set()
+        self._allowance: dict[str, int] = {}  # key id -> messages reserved from its monthly quota
+        self._poller: asyncio.Task | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self.hydrations = 0
+        self.redelivered = 0
+
+    @property
+    def keys(self) -> KeyStore:
+        if self._keys is None:
+            self._keys = KeyStore(self.keys_path)
+        return self._keys
+
+    @property
+    def path(self) -> str:
+        return self.config.path
+
+    @property
+    def port(self) -> int | None:
+        return self.config.port
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.config.max_frame_bytes
+
+    @property
+    def max_outbound_bytes(self) -> int:
+        return self.config.max_outbound_bytes
+
+    def open_session(self, wire: Wire, request_headers: Any) -> "NolagSession":
+        session = NolagSession(self, wire)
+        self.sessions.add(session)
+        return session
+
+    async def start(self) -> None:
+        self._poller = asyncio.get_running_loop().create_task(self._watch_revocations())
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._http is not None:
+            await self._http.close()
+        if self._keys is not None:
+            self._keys.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {"connections": len(self.sessions), "authenticated": sum(1 for s in self.sessions if s.key),
+                "unacked": sum(len(s.unacked) for s in self.sessions), "redelivered": self.redelivered,
+                "hydrations": self.hydrations}
+
+    async def _watch_revocations(self) -> None:
+        """Poll the key store: a revoked key's live sessions get ``disconnect {token_invalid}``."""
+        since = time.time()
+        while True:
+            await asyncio.sleep(self.config.revocation_poll_s)
+            try:
+                checked = time.time()
+                revoked = set(self.keys.revoked_since(since))
+                since = checked - 1.0  # overlap: a revocation committed meanwhile is seen next time
+            except Exception:
+                logger.exception("nolag: reading revoked keys failed")
+                continue
+            if revoked:
+                for session in list(self.sessions):
+                    if session.key is not None and session.key.key_id in revoked:
+                        session.disconnect("token_invalid")
+
+    def take_quota(self, key: KeyRecord) -> bool:
+        """One message against the key's monthly quota, reserved from the store in blocks."""
+        if key.monthly_quota is None:
+            return True
+        left = self._allowance.get(key.key_id, 0)
+        if left <= 0:
+            from router.keys import month_of
+
+            remaining = key.monthly_quota - self.keys.usage(key.key_id, month_of(time.time()))
+            block = min(100, remaining)
+            if block <= 0 or not self.keys.consume(key.key_id, block):
+                return False
+            left = block
+        self._allowance[key.key_id] = left - 1
+        return True
+
+    def hydration_url(self, topic: str) -> str | None:
+        for hook in self.config.hydration:
+            if pattern_matches(hook.topics, topic):
+                return hook.url
+        return None
+
+    async def hydrate(self, url: str, body: dict[str, Any]) -> Any:
+        """POST the subscription to the webhook; its JSON answer, or None (timeouts, retries bounded)."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.hydration_timeout_s))
+        for attempt in range(self.config.hydration_retries + 1):
+            try:
+                async with self._http.post(url, json=body) as response:
+                    if response.status == 200:
+                        return await response.json(content_type=None)
+                    if response.status < 500:
+                        return None
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                pass
+            await asyncio.sleep(0.1 * 2 ** attempt)
+        return None
+
+
+class _Subscription:
+    __slots__ = ("topic", "qos", "filters", "load_balance", "group")
+
+    def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
+        self.topic, self.qos, self.filters, self.load_balance, self.group = topic, qos, filters, load_balance, group
+
+    def record(self) -> tuple:
+        return (self.qos, self.filters, self.load_balance, self.group)
+
+
+class NolagSession(DialectSession):
+    def __init__(self, dialect: NolagDialect, wire: Wire) -> None:
+        self.dialect = dialect
+        self.config = dialect.config
+        self.wire = wire
+        self.gateway = dialect.gateway
+        self.shards = dialect.gateway.shards
+        self.opened = time.monotonic()
+        self.last_sent = self.opened
+        self.key: KeyRecord | None = None
+        self.actor = ""
+        self.project = ""
+        self.authenticating = False
+        self.closed = False
+        self.bucket = TokenBucket(self.config.rate_limit_per_s, self.config.rate_limit_per_s, self.opened)
+        self.subs: dict[str, _Subscription] = {}
+        self.positions: dict[str, int] = {}  # topic -> shard timestamp of the last message written here
+        self.rooms: dict[str, int] = {}  # rooms this connection is in through its subscriptions
+        self.lobbies: set[str] = set()
+        self.unacked: OrderedDict[str, list] = OrderedDict()  # msg id -> [frame, ts_ms, attempts, due, qos]
+        # Acknowledgements are opt-in: a client that never acks (the nolag SDK 2.6.0 does not) is not
+        # sent each message again and again; one that has acked once gets redeliveries.
+        self.acks_seen = False
+        self.seen_qos2: OrderedDict[str, None] = OrderedDict()
+        self.replaying: list | None = None  # live deliveries held while a replay is sent
+        self.tasks: set[asyncio.Task] = set()
+        self.last_checkpoint = 0.0
+        self.loop = asyncio.get_running_loop()
+        self.out: list[bytes] = []  # frames of this loop turn (see _send)
+
+    # -- frames in ------------------------------------------------------------------------------
+
+    def on_message(self, data: bytes, is_text: bool) -> None:
+        if self.closed:
+            return
+        if not data:  # the heartbeat: echoed once authenticated
+            if self.key is not None:
+                self._send(HEARTBEAT)
+            return
+        gateway = self.gateway
+        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, None, None)
+        size = len(data)
+        try:
+            if size > self.config.max_message_bytes + ENVELOPE_ALLOWANCE:
+                # Not even decoded: far above the limit (publish data is checked exactly after decoding).
+                raise codec.nolag_error("message_too_large", f"message of {size} bytes exceeds "
+                                        f"{self.config.max_message_bytes}")
+            request = codec.decode(data, self.dialect.limits)
+            kind = type(request).__name__
+            meta = (*meta[:4], kind, getattr(request, "topic", None))
+            if self.key is not None and self.bucket.take(time.monotonic()):
+                raise codec.nolag_error("rate_limit_exceeded", f"more than {self.bucket.rate:g} messages per second",
+                                        getattr(request, "topic", None), getattr(request, "msg_ref", None))
+            if isinstance(request, codec.Auth):
+                self._auth(request)
+            elif self.key is None:
+                raise NolagError("not_authenticated", None, "send auth first")
+            else:
+                self._handle(request, meta)
+        except NolagError as failure:
+            extra = {"maxSizeBytes": self.config.max_message_bytes} if failure.error == "message_too_large" else {}
+            gateway.rejected(meta, failure.msg_ref, size, self.wire.id, failure.error)
+            self._send(codec.error_frame(failure, **extra))
+            return
+        gateway.accepted(meta, None, size, self.wire.id)
+
+    def _handle(self, request: Any, meta: tuple) -> None:
+        if isinstance(request, codec.Publish):
+            self._publish(request, meta)
+        elif isinstance(request, codec.Subscribe):
+            self._subscribe(request)
+        elif isinstance(request, codec.Unsubscribe):
+            self._unsubscribe(request.topic)
+        elif isinstance(request, codec.SetFilters):
+            self._set_filters(request)
+        elif isinstance(request, codec.Ack):
+            self.acks_seen = True
+            self.unacked.pop(request.msg_id, None)
+        elif isinstance(request, codec.BatchAck):
+            self.acks_seen = True
+            for msg_id in request.msg_ids:
+                self.unacked.pop(msg_id, None)
+        elif isinstance(request, codec.Presence):
+            key = room_key(self.project, request.room_id)
+            self._ask(key, ("npres", key, self.wire.id, self.actor, request.data, now_ms()), None)
+        elif isinstance(request, codec.GetPresence):
+            key = room_key(self.project, request.room_id)
+            room = request.room_id
+            self._ask(key, ("nplist", key), lambda entries: self._send(codec.presence_list(room, entries)))
+        elif isinstance(request, codec.LobbySubscribe):
+            self._lobby(request.lobby_id, subscribe=True)
+        elif isinstance(request, codec.LobbyUnsubscribe):
+            self._lobby(request.lobby_id, subscribe=False)
+        elif isinstance(request, codec.GetLobbyPresence):
+            self._lobby(request.lobby_id, subscribe=None)
+
+    # -- auth and reconnect ---------------------------------------------------------------------
+
+    def _auth(self, request: codec.Auth) -> None:
+        if self.key is not None or self.authenticating:
+            raise NolagError("already_authenticated", None, "this connection is authenticated")
+        key = self.dialect.keys.verify(request.token)
+        if key is None or (request.project_id is not None and request.project_id != key.project_id):
+            self._send(codec.auth_failed("access_denied"))
+            self._shut(1008, "access denied")
+            return
+        self.authenticating = True
+        self.key = key
+        self.actor = f"actor_{key.key_id}"
+        self.project = key.project_id
+        self.bucket = TokenBucket(key.rate_limit_per_s or self.config.rate_limit_per_s,
+                                  key.rate_limit_per_s or self.config.rate_limit_per_s, time.monotonic())
+        version = min(request.protocol_version, codec.MAX_PROTOCOL_VERSION)
+        if not request.reconnect:
+            self._ask_session(("nreset", self.actor), lambda _: self._authenticated(version, []))
+            return
+        self._ask_session(("nget", self.actor), lambda state: self._restore(version, state))
+
+    def _authenticated(self, version: int, restored: list[str]) -> None:
+        self.authenticating = False
+        self._send(codec.auth_ok(self.actor, self.project, version, restored))
+
+    def _restore(self, version: int, state: Any) -> None:
+        """Reconnect: subscribe again to what the actor held, then replay what it missed."""
+        if not state:
+            self._authenticated(version, [])
+            return
+        subscriptions, resume, seen = state
+        for msg_id in seen:
+            self.seen_qos2[msg_id] = None
+        self.replaying = []
+        pending = [len(subscriptions)]
+        restored = sorted(subscriptions)
+
+        def done(_: Any = None) -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                self._authenticated(version, restored)
+                self._replay(resume)
+
+        if not subscriptions:
+            self._authenticated(version, [])
+            self._replay(resume)
+            return
+        for topic, (qos, filters, load_balance, group) in subscriptions.items():
+            def joined(result: Any, topic: str = topic) -> None:
+                if topic not in resume and isinstance(result, int):
+                    self.positions.setdefault(topic, result)
+                done()
+
+            self._add_subscription(_Subscription(topic, qos, tuple(filters), load_balance, group), joined)
+
+    def _replay(self, resume: dict[str, int]) -> None:
+        """Ask each topic's shard for what it logged after this actor's position in the topic."""
+        topics = [topic for topic in self.subs if topic in resume]
+        for topic in topics:
+            self.positions[topic] = max(self.positions.get(topic, 0), resume[topic])
+        if not topics or not self.config.max_replay:
+            self._end_replay([])
+            return
+        pending, records = [len(topics)], []
+
+        def collected(result: Any) -> None:
+            if not isinstance(result, (ShardUnavailable, CommandError)):
+                records.extend(result)
+            pending[0] -= 1
+            if pending[0] == 0:
+                records.sort(key=lambda record: record[2])
+                self._end_replay(records[: self.config.max_replay])
+
+        for topic in topics:
+            key = topic_key(self.project, topic)
+            self._ask(key, ("nlog", key, resume[topic], self.config.max_replay), collected, failures=True)
+
+    def _end_replay(self, records: list) -> None:
+        """Send what was missed (replayStart, messages, replayEnd), then the live ones held meanwhile."""
+        held, self.replaying = self.replaying or [], None
+        items = []
+        for topic, msg_id, ts_ms, packed, qos, filter_ in records:
+            sub = self.subs.get(topic)
+            if sub is None or not _selects(sub, filter_):
+                continue
+            qos = min(qos, sub.qos)
+            if qos == 2 and msg_id in self.seen_qos2:
+                continue  # exactly once: the actor had it before it went away
+            items.append((topic, packed, msg_id, qos, filter_, ts_ms, None, True))
+        if items:
+            self._send(codec.replay_start(len(items), items[0][5], items[-1][5]))
+            for item in items:
+                self._deliver(*item)
+            self._send(codec.replay_end(len(items)))
+            replayed = {item[2] for item in items}
+            held = [item for item in held if item[2] is None or item[2] not in replayed]
+        for item in held:
+            self._deliver(*item)
+
+    # -- subscriptions --------------------------------------------------------------------------
+
+    def _subscribe(self, request: codec.Subscribe) -> None:
+        topic = request.topic
+        if not self.key.can_subscribe(topic):
+            raise codec.nolag_error("not_authorized", f"the key may not subscribe to {topic}", topic)
+        if topic not in self.subs and len(self.subs) >= self.config.max_subscriptions:
+            raise codec.nolag_error("too_many_subscriptions", f"at most {self.config.max_subscriptions}", topic)
+        group = request.group if request.load_balance else None
+        if request.load_balance and group is None:
+            group = self.actor  # the broker's default group: the actor token
+        sub = _Subscription(topic, request.qos, request.filters, request.load_balance, group)
+
+        def done(result: Any) -> None:
+            if isinstance(result, (ShardUnavailable, CommandError)):
+                self._send(codec.error("internal_error", topic=topic, hint="the router could not subscribe; retry"))
+                return
+            self._send(codec.subscribed(topic, request.load_balance))
+            self.positions.setdefault(topic, result)  # the topic's last message when we joined
+            self._ask_session(("nsave", self.actor, topic, sub.record(), self.positions[topic]), None)
+            url = self.dialect.hydration_url(topic)
+            if url is not None:
+                self._spawn(self._hydrate(url, topic))
+
+        self._add_subscription(sub, done)
+
+    def _add_subscription(self, sub: _Subscription, done: Any) -> None:
+        topic = sub.topic
+        fresh = topic not in self.subs
+        self.subs[topic] = sub
+        key = topic_key(self.project, topic)
+        self._ask(key, ("nsub", key, self.wire.id, self.actor, sub.filters, sub.qos, sub.group), done,
+                  failures=True)  # answers the topic's position
+        if fresh:
+            room = room_of(topic)
+            self.rooms[room] = self.rooms.get(room, 0) + 1
+            if self.rooms[room] == 1:
+                rkey = room_key(self.project, room)
+                self._ask(rkey, ("nroom", rkey, self.wire.id, True), None)
+
+    def _unsubscribe(self, topic: str) -> None:
+        sub = self.subs.pop(topic, None)
+        if sub is None:
+            raise codec.nolag_error("not_subscribed", f"not subscribed to {topic}", topic)
+        key = topic_key(self.project, topic)
+        self._ask(key, ("nunsub", key, self.wire.id), None)
+        self.positions.pop(topic, None)
+        self._ask_session(("nsave", self.actor, topic, None, None), None)
+        room = room_of(topic)
+        self.rooms[room] -= 1
+        if not self.rooms[room]:
+            del self.rooms[room]
+            rkey = room_key(self.project, room)
+            self._ask(rkey, ("nroom", rkey, self.wire.id, False), None)
+        self._send(codec.unsubscribed(topic))
+
+    def _set_filters(self, request: codec.SetFilters) -> None:
+        sub = self.subs.get(request.topic)
+        if sub is None:
+            raise codec.nolag_error("not_subscribed", f"not subscribed to {request.topic}", request.topic)
+        sub.filters = request.filters
+        key = topic_key(self.project, request.topic)
+        self._ask(key, ("nfilters", key, self.wire.id, request.filters),
+                  lambda _: self._send(codec.filters_updated(request.topic, request.filters)))
+        self._ask_session(("nsave", self.actor, request.topic, sub.record(), None), None)
+
+    async def _hydrate(self, url: str, topic: str) -> None:
+        app, room, name = topic.split("/")
+        data = await self.dialect.hydrate(url, {"actorId": self.actor, "roomName": room, "topicName": name,
+                                                "scope": app})
+        if data is not None and not self.closed and topic in self.subs:
+            self.dialect.hydrations += 1
+            self._send(codec.hydration(topic, data))
+
+    # -- publish and deliver --------------------------------------------------------------------
+
+    def _publish(self, request: codec.Publish, meta: tuple) -> None:
+        topic, ref = request.topic, request.msg_ref
+        if request.data_size > self.config.max_message_bytes:
+            raise NolagError("message_too_large", 42930, f"data of {request.data_size} bytes exceeds "
+                             f"{self.config.max_message_bytes}", topic, ref)
+        if not self.dialect.take_quota(self.key):
+            raise NolagError("monthly_quota_exceeded", 42920, "the key's monthly message quota is used up",
+                             topic, ref)
+        if not self.key.can_publish(topic):
+            raise codec.nolag_error("not_authorized", f"the key may not publish to {topic}", topic, ref)
+        if topic not in self.subs:
+            raise codec.nolag_error("not_subscribed", f"subscribe to {topic} before publishing to it", topic, ref)
+        stored = request.qos >= 1 and self.config.log_retention_s > 0
+        msg_id = str(uuid.uuid4()) if stored else None
+        key = topic_key(self.project, topic)
+        exclude = None if request.echo else self.wire.id
+        command = ("npub", key, topic, request.data_packed, request.qos, request.filter, exclude, msg_id, now_ms(),
+                   self.actor, meta)
+        if ref is None:
+            self._ask(key, command, None)
+        else:
+            self._ask(key, command, lambda _: self._send(codec.published(topic, ref)))
+
+    def on_event(self, payload: Any) -> None:
+        if self.closed:
+            return
+        kind = payload[0]
+        if kind == "m":
+            _, topic, packed, msg_id, qos, filter_, ts_ms, sender, meta = payload
+            sub = self.subs.get(topic)
+            if sub is None:
+                return
+            item = (topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, meta, False)
+            if self.replaying is not None:
+                self.replaying.append(item)
+            else:
+                self._deliver(*item)
+        elif kind == "p":
+            _, room, event, actor, presence, joined_at = payload
+            self._send(codec.presence_event(event, actor, presence, joined_at, room))
+        elif kind == "l":
+            _, lobby, room, event, actor, data = payload
+            if lobby in self.lobbies:
+                self._send(codec.lobby_presence(event, lobby, room, actor, data))
+
+    def _deliver(self, topic: str, packed: bytes, msg_id: str | None, qos: int, filter_: str | None, ts_ms: int,
+                 meta: tuple | None, is_replay: bool) -> None:
+        acked = qos >= 1 and msg_id is not None
+        if acked and qos == 2 and msg_id in self.seen_qos2:
+            return  # exactly once: this actor has had it (on this connection or an earlier one)
+        if acked and msg_id in self.unacked:
+            return  # already out and waiting for its ack
+        frame = codec.message_packed(topic, packed, msg_id, acked, is_replay, filter_, None, ts_ms)
+        sent = self._send(frame)
+        if sent and ts_ms > self.positions.get(topic, 0):
+            self.positions[topic] = ts_ms
+        if acked:
+            if qos == 2 and sent:
+                self.seen_qos2[msg_id] = None
+                while len(self.seen_qos2) > 10_000:
+                    self.seen_qos2.popitem(last=False)
+            if len(self.unacked) >= self.config.max_unacked:
+                self.unacked.popitem(last=False)
+            self.unacked[msg_id] = [frame, ts_ms, 1, time.monotonic() + self.config.ack_timeout_s, qos, topic]
+        if meta is not None:
+            self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
+
+    # -- presence and lobbies -------------------------------------------------------------------
+
+    def _lobby(self, lobby_id: str, subscribe: bool | None) -> None:
+        lobby = self.config.lobbies.get(lobby_id)
+        if lobby is None:
+            raise NolagError("unknown_lobby", None, f"no lobby {lobby_id!r} is configured")
+        if subscribe is False:
+            self.lobbies.discard(lobby_id)
+            self._ask_all(("nlunsub", lobby_id, self.wire.id), lambda _: self._send(codec.lobby_unsubscribed(lobby_id)))
+            return
+        spec = (self.project, tuple(lobby.rooms) if lobby.rooms is not None else None, lobby.prefix)
+        command = ("nlsub", lobby_id, spec, self.wire.id, bool(subscribe))
+        if subscribe:
+            self.lobbies.add(lobby_id)
+
+        def merged(parts: list) -> None:
+            presence: dict[str, dict[str, Any]] = {}
+            for part in parts:
+                if isinstance(part, dict):
+                    presence.update(part)
+            frame = codec.lobby_subscribed if subscribe else codec.lobby_presence_list
+            self._send(frame(lobby_id, presence))
+
+        self._ask_all(command, merged)
+
+    # -- timers and close -----------------------------------------------------------------------
+
+    def on_tick(self, now: float) -> None:
+        if self.closed:
+            return
+        config = self.config
+        if self.key is None and now - self.opened > config.auth_timeout_s:
+            self._send(codec.error("auth_timeout", hint=f"send auth within {config.auth_timeout_s:g} s"))
+            self._shut(1008, "no auth within the time limit")
+            return
+        if now - self.wire.last_activity > config.heartbeat_timeout_s:
+            self._shut(1001, "heartbeat timeout")
+            return
+        if self.key is None:
+            return
+        if now - self.last_sent > config.heartbeat_interval_s:
+            self._send(HEARTBEAT)
+        if self.unacked and self.acks_seen:
+            self._redeliver(now)
+        if now - self.last_checkpoint > CHECKPOINT_S and self.subs:
+            self.last_checkpoint = now
+            self._ask_session(("ncheck", self.actor, self._resume()), None)
+
+    def _redeliver(self, now: float) -> None:
+        config = self.config
+        for msg_id, entry in list(self.unacked.items()):
+            frame, ts_ms, attempts, due, qos, _ = entry
+            if due > now or qos == 2:
+                continue  # QoS 2 is never sent twice to an actor: it waits for its ack only
+            if attempts >= config.max_attempts:
+                del self.unacked[msg_id]  # given up: it stays in the log for a reconnect's replay
+                continue
+            self._send(frame)
+            self.dialect.redelivered += 1
+            entry[2] = attempts + 1
+            entry[3] = now + config.ack_timeout_s * config.ack_backoff ** attempts
+
+    def _resume(self) -> dict[str, int]:
+        """Per topic, where a reconnect replays from: the last message written to this connection,
+        or (for clients that ack) just before the oldest one still waiting for its ack.
+
+        Positions are the topic shard's timestamps, strictly increasing per topic, so "after this
+        position" is exactly "not yet written to this actor"."""
+        resume = dict(self.positions)
+        if self.acks_seen:
+            for entry in self.unacked.values():
+                topic, ts_ms = entry[5], entry[1]
+                if topic in resume and ts_ms - 1 < resume[topic]:
+                    resume[topic] = ts_ms - 1
+        return resume
+
+    def disconnect(self, reason: str) -> None:
+        self._send(codec.disconnect(reason))
+        self._shut(1008, reason)
+
+    def _shut(self, code: int, reason: str) -> None:
+        self._flush()  # the frames that explain the close (auth failure, disconnect) go first
+        self._release()
+        self.wire.close(code, reason)
+
+    def on_close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.dialect.sessions.discard(self)
+        for task in self.tasks:
+            task.cancel()
+        if self.key is None:
+            return
+        shards, connection_id = self.shards, self.wire.id
+        for link in shards.all(TOPIC):
+            shards.send(link, ("purge", connection_id))
+        self._ask_session(("nleave", self.actor, self._resume(), list(self.seen_qos2)[-1000:]), None)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _send(self, frame: bytes) -> bool:
+        """Frames of one event-loop turn leave together, in one socket write (a fan-out burst, a replay)."""
+        if self.wire.writing_paused and self.wire.outbound_bytes() > self.config.max_outbound_bytes:
+            self.wire.dropped += 1
+            return False  # a client this far behind loses deliveries (counted), as in every dialect
+        if not self.out:
+            self.loop.call_soon(self._flush)
+        self.out.append(frame)
+        return True
+
+    def _flush(self) -> None:
+        frames, self.out = self.out, []
+        if frames:
+            self.last_sent = time.monotonic()
+            self.wire.send_binary_many(frames)
+
+    def _ask(self, key: str, command: tuple, on_result: Any, failures: bool = False) -> None:
+        shards = self.shards
+
+        def done(result: Any) -> None:
+            if self.closed or on_result is None:
+                return
+            if isinstance(result, (ShardUnavailable, CommandError)) and not failures:
+                self._send(codec.error("internal_error", hint="the router could not complete the request; retry"))
+                return
+            on_result(result)
+
+        shards.send(shards.link(TOPIC, key), command, done)
+
+    def _ask_all(self, command: tuple, on_results: Any) -> None:
+        links = self.shards.all(TOPIC)
+        results: list = [None] * len(links)
+        pending = [len(links)]
+
+        def one(index: int, result: Any) -> None:
+            results[index] = result
+            pending[0] -= 1
+            if pending[0] == 0 and not self.closed:
+                on_results(results)
+
+        for index, link in enumerate(links):
+            self.shards.send(link, command, lambda result, index=index: one(index, result))
+
+    def _ask_session(self, command: tuple, on_result: Any) -> None:
+        shards = self.shards
+
+        def done(result: Any) -> None:
+            if not self.closed and on_result is not None:
+                on_result(None if isinstance(result, (ShardUnavailable, CommandError)) else result)
+
+        shards.send(shards.link(SESSION, "nolag/" + command[1]), command, done)
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def _selects(sub: _Subscription, filter_: str | None) -> bool:
+    """As the topic shard routes: wildcard subscriptions get everything, filtered ones their filters."""
+    return not sub.filters or (filter_ is not None and filter_ in sub.filters)
+

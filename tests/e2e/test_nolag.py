@@ -1,0 +1,548 @@
+"""NoLag over real sockets: auth and keys, pub/sub with filters, QoS, load balancing, replay,
+presence, lobbies, hydration and every error code.
+
+``nolag``: two gateways, two shards of each kind, a hydration webhook (a local HTTP server), two
+lobbies, short QoS timers and a 4 KiB message limit so each limit is quick to hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from router.keys import KeyStore
+from tests.e2e.client import eventually, run
+from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.nolag_client import Client
+
+pytestmark = pytest.mark.e2e
+
+TOPIC = "chat/general/messages"
+
+
+class Webhook:
+    """The hydration webhook: records each POST and answers recent messages."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                hook.requests.append(body)
+                answer = json.dumps({"recentMessages": [{"text": "earlier", "room": body["roomName"]}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hydrate"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+class NolagRouter:
+    def __init__(self, running: RunningRouter, data_dir: Path, webhook: Webhook) -> None:
+        self.running = running
+        self.keys = KeyStore(data_dir / "keys.sqlite3")
+        self.webhook = webhook
+        ports = [gateway["listeners"][0]["port"] for gateway in running.router.endpoints()]
+        self.urls = [f"ws://127.0.0.1:{port}/ws" for port in ports]
+
+    def token(self, **options) -> str:
+        token, _ = self.keys.create("proj_1", **options)
+        return token
+
+
+@pytest.fixture(scope="module")
+def nolag(ray_runtime, tmp_path_factory) -> NolagRouter:
+    data_dir = tmp_path_factory.mktemp("nolag-data")
+    webhook = Webhook()
+    running = start_router(
+        namespace="e2e-nolag", data_dir=data_dir, port=0, gateways=2, ray_dashboard=False,
+        shards={"session": 2, "topic": 2, "registry": 1}, signal={"enabled": False}, cashu={"enabled": False},
+        mx={"enabled": False}, baqend={"enabled": False}, gateway={"sweep_interval_s": 0.1},
+        nolag={"max_message_bytes": 4096, "ack_timeout_s": 0.5, "ack_backoff": 1, "max_attempts": 3,
+               "auth_timeout_s": 1.5, "revocation_poll_s": 0.2, "heartbeat_timeout_s": 4,
+               "lobbies": {"trips": {"prefix": "trip-"}, "pair": {"rooms": ["r1", "r2"]}},
+               "hydration": [{"topics": "hyd/*/*", "url": webhook.url}]},
+    )
+    yield NolagRouter(running, data_dir, webhook)
+    running.router.stop()
+    webhook.stop()
+
+
+async def _value(value):
+    return value
+
+
+def error_of(frame: dict) -> dict:
+    """An error frame without its ``hint`` (a human-readable text the SDK shows), which must be there."""
+    assert frame["type"] == "error" and isinstance(frame.get("hint"), str) and frame["hint"], frame
+    return {key: value for key, value in frame.items() if key != "hint"}
+
+
+# -- auth, heartbeat --------------------------------------------------------------------------
+
+def test_auth_reply_and_heartbeats(nolag):
+    async def scenario():
+        token = nolag.token()
+        client = await Client.open(nolag.urls[0])
+        await client.ws.send(b"")  # a heartbeat before auth is not answered ...
+        await client.send({"type": "subscribe", "topic": TOPIC})
+        assert error_of(await client.recv()) == {"type": "error", "error": "not_authenticated"}
+        await client.send({"type": "auth", "token": token, "reconnect": False, "projectId": "proj_1",
+                           "protocolVersion": 2})
+        reply = await client.recv()
+        key_id = token.split("_", 2)[2].split(".")[0]
+        assert reply == {"type": "auth", "success": True, "actorTokenId": f"actor_{key_id}", "projectId": "proj_1",
+                         "protocolVersion": 2, "restoredSubscriptions": []}
+        assert client.heartbeats == 0
+        await client.ws.send(b"")  # ... after auth it is echoed
+        assert await asyncio.wait_for(client.ws.recv(), 10) == b""
+        await client.close()
+
+    run(scenario())
+
+
+def test_silent_connection_is_closed_after_missed_heartbeats(nolag):
+    async def scenario():
+        client = await Client.open(nolag.urls[0], nolag.token())
+        started = time.monotonic()
+        await asyncio.wait_for(client.ws.wait_closed(), 15)
+        assert time.monotonic() - started >= 3.5
+        assert (client.ws.close_code, client.ws.close_reason) == (1001, "heartbeat timeout")
+
+    run(scenario())
+
+
+def test_bad_token_and_missing_auth(nolag):
+    async def scenario():
+        client = await Client.open(nolag.urls[0])
+        await client.send({"type": "auth", "token": "at_live_0123456789abcdef.wrong"})
+        assert await client.recv() == {"type": "auth", "success": False, "error": "access_denied"}
+        await asyncio.wait_for(client.ws.wait_closed(), 10)
+        silent = await Client.open(nolag.urls[1])
+        started = time.monotonic()
+        assert error_of(await silent.recv()) == {"type": "error", "error": "auth_timeout"}
+        await asyncio.wait_for(silent.ws.wait_closed(), 10)
+        assert time.monotonic() - started >= 1.4 and silent.ws.close_code == 1008
+
+    run(scenario())
+
+
+def test_revoking_a_key_disconnects_its_sessions(nolag):
+    async def scenario():
+        token = nolag.token()
+        client = await Client.open(nolag.urls[1], token)
+        await client.subscribe(TOPIC)
+        assert nolag.keys.revoke(token.split("_", 2)[2].split(".")[0])
+        assert await client.recv() == {"type": "disconnect", "reason": "token_invalid"}
+        await asyncio.wait_for(client.ws.wait_closed(), 10)
+        again = await Client.open(nolag.urls[0])
+        await again.send({"type": "auth", "token": token})
+        assert (await again.recv())["success"] is False
+
+    run(scenario())
+
+
+# -- subscribe, publish, filters --------------------------------------------------------------
+
+def test_publish_echo_and_published_ack(nolag):
+    async def scenario():
+        a = await Client.open(nolag.urls[0], nolag.token())
+        b = await Client.open(nolag.urls[1], nolag.token())
+        for client in (a, b):
+            assert await client.subscribe(TOPIC, qos=0) == {"type": "subscribed", "topic": TOPIC, "loadBalance": False}
+        await a.publish(TOPIC, {"text": "hello world", "sender": "user_12"}, qos=0, echo=False, msgRef=1)
+        assert await a.recv() == {"type": "published", "topic": TOPIC, "msgRef": 1}
+        message = await b.recv()
+        assert {k: v for k, v in message.items() if k != "timestamp"} == {
+            "type": "message", "topic": TOPIC, "data": {"text": "hello world", "sender": "user_12"}}
+        await a.quiet()  # echo false: the sender got nothing
+        await a.publish(TOPIC, "again", qos=0)  # echo defaults to true
+        assert (await a.recv())["data"] == "again" and (await b.recv())["data"] == "again"
+        await a.send({"type": "unsubscribe", "topic": TOPIC})
+        assert await a.recv() == {"type": "unsubscribed", "topic": TOPIC}
+        for client in (a, b):
+            await client.close()
+
+    run(scenario())
+
+
+def test_filters_route_and_set_filters_replaces_them(nolag):
+    topic = "chat/filters/messages"
+
+    async def scenario():
+        filtered = await Client.open(nolag.urls[0], nolag.token())
+        wildcard = await Client.open(nolag.urls[1], nolag.token())
+        sender = await Client.open(nolag.urls[1], nolag.token())
+        await filtered.subscribe(topic, qos=0, filters=["user_123", "user_456"])
+        await wildcard.subscribe(topic, qos=0)
+        await sender.subscribe(topic, qos=0)
+        await sender.publish(topic, "to 123", qos=0, echo=False, filter="user_123")
+        await sender.publish(topic, "to 789", qos=0, echo=False, filter="user_789")
+        await sender.publish(topic, "to all", qos=0, echo=False)
+        got = [await filtered.recv()]
+        assert (got[0]["data"], got[0]["filter"]) == ("to 123", "user_123")
+        assert [(await wildcard.recv())["data"] for _ in range(3)] == ["to 123", "to 789", "to all"]
+        await filtered.quiet()  # a filtered subscription gets only its filters (see docs/nolag.md)
+        await filtered.send({"type": "setFilters", "topic": topic, "filters": ["user_789"]})
+        assert await filtered.recv() == {"type": "filtersUpdated", "topic": topic, "filters": ["user_789"]}
+        await sender.publish(topic, "789 again", qos=0, echo=False, filter="user_789")
+        assert (await filtered.recv())["data"] == "789 again"
+        await filtered.send({"type": "setFilters", "topic": topic, "filters": []})  # wildcard mode
+        assert await filtered.recv() == {"type": "filtersUpdated", "topic": topic, "filters": []}
+        await sender.publish(topic, "everyone", qos=0, echo=False)
+        assert (await filtered.recv())["data"] == "everyone"
+        for client in (filtered, wildcard, sender):
+            await client.close()
+
+    run(scenario())
+
+
+def test_error_codes(nolag):
+    async def scenario():
+        client = await Client.open(nolag.urls[0], nolag.token(publish=["chat/#"], subscribe=["chat/#", "open/#"]))
+        await client.subscribe(TOPIC, qos=0)
+        await client.send({"type": "subscribe", "topic": "secret/room/x"})
+        assert error_of(await client.recv()) == {"type": "error", "error": "not_authorized", "topic": "secret/room/x"}
+        await client.send({"type": "subscribe", "topic": TOPIC, "filters": ["a/b"]})
+        assert error_of(await client.recv()) == {"type": "error", "error": "invalid_filter_chars", "topic": TOPIC}
+        await client.send({"type": "subscribe", "topic": TOPIC, "filters": [f"f{i}" for i in range(101)]})
+        assert error_of(await client.recv()) == {"type": "error", "error": "too_many_filters", "topic": TOPIC}
+        await client.send({"type": "setFilters", "topic": TOPIC, "filters": ["x#"]})
+        assert error_of(await client.recv()) == {"type": "error", "error": "invalid_filter_chars", "topic": TOPIC}
+        await client.publish("chat/other/messages", 1, msgRef="r1")
+        assert error_of(await client.recv()) == {"type": "error", "error": "not_subscribed", "topic": "chat/other/messages",
+                                       "msgRef": "r1"}
+        await client.subscribe("open/room/topic", qos=0)
+        await client.publish("open/room/topic", 1, msgRef="r2")
+        assert error_of(await client.recv()) == {"type": "error", "error": "not_authorized", "topic": "open/room/topic",
+                                       "msgRef": "r2"}
+        await client.publish(TOPIC, "x" * 5000, msgRef="r3")
+        reply = await client.recv()
+        assert reply["error"] == "message_too_large" and reply["code"] == 42930 and reply["msgRef"] == "r3"
+        assert reply["topic"] == TOPIC and reply["maxSizeBytes"] == 4096
+        await client.send({"type": "subscribe", "topic": "not a slug"})
+        assert (await client.recv())["error"] == "invalid_topic"
+        await client.close()
+
+        limited = await Client.open(nolag.urls[1], nolag.token(rate_limit_per_s=3))
+        await limited.subscribe(TOPIC, qos=0)
+        for n in range(6):
+            await limited.publish(TOPIC, n, qos=0, echo=False, msgRef=n)
+        replies = [await limited.recv() for _ in range(6)]
+        refused = [r for r in replies if r["type"] == "error"]
+        assert refused and all(r["error"] == "rate_limit_exceeded" and r["code"] == 42910 for r in refused)
+        await limited.close()
+
+        quota = await Client.open(nolag.urls[0], nolag.token(monthly_quota=2))
+        await quota.subscribe(TOPIC, qos=0)
+        for n in range(3):
+            await quota.publish(TOPIC, n, qos=0, echo=False, msgRef=n)
+        replies = {reply["msgRef"]: reply for reply in [await quota.recv() for _ in range(3)]}
+        assert replies[0] == {"type": "published", "topic": TOPIC, "msgRef": 0}
+        assert replies[1] == {"type": "published", "topic": TOPIC, "msgRef": 1}
+        assert error_of(replies[2]) == {"type": "error", "error": "monthly_quota_exceeded", "code": 42920,
+                                        "topic": TOPIC, "msgRef": 2}
+        await quota.close()
+
+    run(scenario())
+
+
+# -- load balancing, QoS, replay --------------------------------------------------------------
+
+def test_load_balance_group_across_gateways_gets_each_message_once(nolag):
+    topic = "jobs/pool/tasks"
+
+    async def scenario():
+        workers = [await Client.open(nolag.urls[i], nolag.token()) for i in (0, 1)]
+        for worker in workers:
+            assert await worker.subscribe(topic, qos=0, loadBalance=True, loadBalanceGroup="worker-pool-1") == {
+                "type": "subscribed", "topic": topic, "loadBalance": True}
+        plain = await Client.open(nolag.urls[1], nolag.token())
+        await plain.subscribe(topic, qos=0)
+        sender = await Client.open(nolag.urls[0], nolag.token())
+        await sender.subscribe(topic, qos=0)
+        count = 40
+        for n in range(count):
+            await sender.publish(topic, n, qos=0, echo=False)
+        assert [(await plain.recv())["data"] for _ in range(count)] == list(range(count))
+        await sender.publish(topic, "end", qos=0, echo=False)
+        assert (await plain.recv())["data"] == "end"
+        total = count + 1
+        shares: list[list] = [[], []]
+        complete = asyncio.Event()
+
+        async def read(index: int) -> None:
+            while True:
+                shares[index].append((await workers[index].recv())["data"])
+                if sum(len(share) for share in shares) >= total:
+                    complete.set()
+                    return
+
+        readers = [asyncio.ensure_future(read(index)) for index in (0, 1)]
+        await asyncio.wait_for(complete.wait(), 10)
+        for reader in readers:
+            reader.cancel()
+        everything = sorted(x for share in shares for x in share if x != "end")
+        assert everything == list(range(count))  # each message exactly once across the group
+        assert [x for share in shares for x in share].count("end") == 1
+        assert all(abs(len(share) - (count + 1) / 2) <= 1 for share in shares)  # fair rotation
+        for client in (*workers, plain, sender):
+            await client.close()
+
+    run(scenario())
+
+
+def test_qos1_redelivered_until_acked(nolag):
+    topic = "chat/qos/one"
+
+    async def scenario():
+        sub = await Client.open(nolag.urls[0], nolag.token())
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await sub.subscribe(topic, qos=1)
+        await pub.subscribe(topic, qos=0)
+        await opt_in_to_acks(sub, pub, topic)
+        await pub.publish(topic, "important", qos=1, echo=False)
+        first = await sub.recv()
+        assert first["requiresAck"] is True and first["msgId"] and "isReplay" not in first
+        again = await sub.recv(timeout=5)  # no ack: sent again after ack_timeout_s
+        assert again == first
+        await sub.send({"type": "ack", "msgId": first["msgId"]})
+        await pub.publish(topic, "second", qos=1, echo=False)
+        second = await sub.recv()
+        assert second["data"] == "second"
+        await sub.send({"type": "batchAck", "msgIds": [second["msgId"]]})
+        await sub.quiet()
+        for client in (sub, pub):
+            await client.close()
+
+    run(scenario())
+
+
+def test_reconnect_restores_subscriptions_and_replays_with_live_traffic_after(nolag):
+    topic = "chat/replay/messages"
+
+    async def scenario():
+        token = nolag.token()
+        sub = await Client.open(nolag.urls[0], token)
+        await sub.subscribe(topic, qos=1)
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await pub.subscribe(topic, qos=0)
+        await opt_in_to_acks(sub, pub, topic)
+        await pub.publish(topic, "unacked", qos=1, echo=False, msgRef="u")
+        assert (await pub.recv())["type"] == "published"
+        dropped = await sub.recv()
+        assert dropped["data"] == "unacked"
+        await sub.ws.close()  # gone without an ack
+        for n in range(5):
+            await pub.publish(topic, f"missed {n}", qos=1, echo=False, msgRef=n)
+            assert (await pub.recv())["type"] == "published"
+        back = await Client.open(nolag.urls[1], None)
+        await back.send({"type": "auth", "token": token, "reconnect": True})
+        live = asyncio.ensure_future(_publish_live(pub, topic))
+        auth = await back.recv()
+        assert auth["success"] is True and auth["restoredSubscriptions"] == [topic]
+        start = await back.expect("replayStart")
+        count = start["count"]  # 6, plus live messages already in the log when the replay was read
+        assert 6 <= count <= 9
+        replayed = [await back.recv() for _ in range(count)]
+        assert [m["data"] for m in replayed[:6]] == ["unacked"] + [f"missed {n}" for n in range(5)]
+        assert all(m["isReplay"] is True and m["requiresAck"] is True for m in replayed)
+        assert replayed[0]["msgId"] == dropped["msgId"]
+        assert await back.recv() == {"type": "replayEnd", "replayed": count}
+        await live
+        after = [await back.recv() for _ in range(9 - count)]
+        assert all("isReplay" not in m for m in after)
+        # every live message exactly once: in the replay or after it, in publish order
+        assert [m["data"] for m in replayed[6:] + after] == ["live 0", "live 1", "live 2"]
+        await back.send({"type": "batchAck", "msgIds": [m["msgId"] for m in replayed + after]})
+        await back.quiet()
+        for client in (back, pub):
+            await client.close()
+
+    run(scenario())
+
+
+async def opt_in_to_acks(sub: Client, pub: Client, topic: str) -> None:
+    """The subscriber acknowledges one message: from then on its unacked messages are redelivered."""
+    await pub.publish(topic, "first", qos=1, echo=False)
+    first = await sub.recv()
+    assert first["data"] == "first" and first["requiresAck"] is True
+    await sub.send({"type": "ack", "msgId": first["msgId"]})
+
+
+async def _publish_live(pub: Client, topic: str) -> None:
+    for n in range(3):
+        await pub.publish(topic, f"live {n}", qos=1, echo=False, msgRef=f"l{n}")
+        assert (await pub.recv())["type"] == "published"
+
+
+def test_qos2_is_never_duplicated_across_reconnects(nolag):
+    topic = "chat/qos/two"
+
+    async def scenario():
+        token = nolag.token()
+        sub = await Client.open(nolag.urls[0], token)
+        await sub.subscribe(topic, qos=2)
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await pub.subscribe(topic, qos=0)
+        await pub.publish(topic, "once", qos=2, echo=False, msgRef=1)
+        await pub.expect("published")
+        first = await sub.recv()
+        assert first["data"] == "once" and first["requiresAck"] is True
+        await pub.publish(topic, "marker", qos=0, echo=False)  # unlogged: later than any resend
+        assert (await sub.recv())["data"] == "marker"  # no timer resend in between (qos 2)
+        await sub.ws.close()  # never acked
+        await pub.publish(topic, "while away", qos=2, echo=False, msgRef=2)
+        await pub.expect("published")
+        back = await Client.open(nolag.urls[1])
+        await back.send({"type": "auth", "token": token, "reconnect": True})
+        assert (await back.recv())["restoredSubscriptions"] == [topic]
+        assert (await back.expect("replayStart"))["count"] == 1  # the log has both, but "once" was had
+        replayed = await back.recv()
+        assert replayed["data"] == "while away" and replayed["isReplay"] is True
+        assert await back.recv() == {"type": "replayEnd", "replayed": 1}
+        await back.send({"type": "ack", "msgId": replayed["msgId"]})
+        await back.quiet()
+        for client in (back, pub):
+            await client.close()
+
+    run(scenario())
+
+
+# -- presence, lobbies, hydration -------------------------------------------------------------
+
+def test_presence_join_update_leave_and_list(nolag):
+    async def scenario():
+        watcher = await Client.open(nolag.urls[0], nolag.token())
+        await watcher.subscribe("chat/lounge/messages", qos=0)
+        token = nolag.token()
+        actor = f"actor_{token.split('_', 2)[2].split('.')[0]}"
+        member = await Client.open(nolag.urls[1], token)
+        await member.send({"type": "presence", "roomId": "lounge", "data": {"status": "online"}})
+        join, update = await watcher.recv(), await watcher.recv()
+        assert (join["type"], join["event"], join["roomId"]) == ("presence", "join", "lounge")
+        data = join["data"]
+        assert data["actorTokenId"] == data["actor_token_id"] == actor and data["presence"] == {"status": "online"}
+        assert update["event"] == "update"
+        await member.send({"type": "presence", "roomId": "lounge", "data": {"status": "away"}})
+        assert (await watcher.recv())["data"]["presence"] == {"status": "away"}
+        await watcher.send({"type": "getPresence", "roomId": "lounge"})
+        listed = await watcher.recv()
+        assert listed["type"] == "presenceList" and listed["roomId"] == "lounge"
+        assert [(e["actorTokenId"], e["presence"]) for e in listed["data"]] == [(actor, {"status": "away"})]
+        await member.close()
+        leave = await watcher.recv()
+        assert (leave["event"], leave["data"]["actorTokenId"]) == ("leave", actor)
+        await watcher.close()
+
+    run(scenario())
+
+
+def test_lobbies_snapshot_and_updates(nolag):
+    async def scenario():
+        driver = await Client.open(nolag.urls[0], nolag.token())
+        driver_actor = driver.auth["actorTokenId"]
+        await driver.send({"type": "presence", "roomId": "trip-7", "data": {"status": "driving"}})
+        await driver.expect("presence")  # its own join
+        await driver.expect("presence")  # and update
+        dispatcher = await Client.open(nolag.urls[1], nolag.token())
+        await dispatcher.send({"type": "lobbySubscribe", "lobbyId": "trips"})
+        snapshot = await dispatcher.recv()
+        assert snapshot == {"type": "lobbySubscribed", "lobbyId": "trips",
+                            "presence": {"trip-7": {driver_actor: {"status": "driving"}}}}
+        await driver.send({"type": "presence", "roomId": "trip-7", "data": {"status": "arrived"}})
+        change = await dispatcher.recv()
+        assert {k: change[k] for k in ("type", "event", "lobbyId", "roomId", "actorId", "data")} == {
+            "type": "lobbyPresence", "event": "update", "lobbyId": "trips", "roomId": "trip-7",
+            "actorId": driver_actor, "data": {"status": "arrived"}}
+        await driver.send({"type": "presence", "roomId": "elsewhere", "data": {"status": "x"}})
+        await dispatcher.send({"type": "lobbyUnsubscribe", "lobbyId": "trips"})
+        assert await dispatcher.recv() == {"type": "lobbyUnsubscribed", "lobbyId": "trips"}
+        await dispatcher.send({"type": "lobbySubscribe", "lobbyId": "nope"})
+        assert (await dispatcher.recv())["error"] == "unknown_lobby"
+        for client in (driver, dispatcher):
+            await client.close()
+
+    run(scenario())
+
+
+def test_hydration_webhook(nolag):
+    async def scenario():
+        client = await Client.open(nolag.urls[0], nolag.token())
+        await client.subscribe("hyd/room9/feed", qos=0)
+        hydration = await client.recv()
+        assert hydration == {"type": "hydration", "topic": "hyd/room9/feed",
+                             "data": {"recentMessages": [{"text": "earlier", "room": "room9"}]}}
+        assert nolag.webhook.requests[-1] == {"actorId": client.auth["actorTokenId"], "roomName": "room9",
+                                              "topicName": "feed", "scope": "hyd"}
+        await client.subscribe("chat/nohyd/feed", qos=0)
+        await client.quiet()  # no webhook for that topic
+        await client.close()
+
+    run(scenario())
+
+
+# -- the real SDK: nolag 2.6.0 ------------------------------------------------------------------
+
+def test_nolag_sdk_connects_publishes_receives_and_reconnects(nolag):
+    import ray
+    from nolag import NoLag, NoLagOptions
+
+    topic = "sdk/lounge/chat"
+
+    async def scenario():
+        sdk = NoLag(nolag.token(), NoLagOptions(url=nolag.urls[0], reconnect_interval=0.2, heartbeat_interval=1))
+        await sdk.connect()
+        assert sdk.connected and sdk.actor_id.startswith("actor_") and sdk.protocol_version == 2
+        received: list = []
+        sdk.on(topic, lambda data, meta: received.append((data, meta.is_replay if hasattr(meta, "is_replay") else None)))
+        await sdk.subscribe(topic)
+        published = asyncio.get_running_loop().create_future()
+        await sdk.emit(topic, {"text": "from the sdk"}, callback=lambda error: published.set_result(error))
+        assert await asyncio.wait_for(published, 10) is None  # `published {topic, msgRef}` settled it
+        await eventually(lambda: _value(len(received) == 1))
+        assert received[0][0] == {"text": "from the sdk"}
+
+        other = await Client.open(nolag.urls[1], nolag.token())
+        await other.subscribe(topic, qos=0)
+        await other.publish(topic, {"text": "from a raw client"}, qos=1, echo=False)
+        await eventually(lambda: _value(len(received) == 2))
+        assert received[1][0] == {"text": "from a raw client"}
+
+        reconnects: list = []
+        sdk.on("reconnect", lambda *args: reconnects.append(args))
+        sdk.on("connect", lambda *args: reconnects.append(("connect",)))
+        # The router drops the SDK's socket; the SDK reconnects with reconnect:true and the router
+        # restores its subscription (the SDK does not subscribe again itself).
+        # (1012 "service restart": the SDK reconnects on any close but a normal 1000/1001 one)
+        dropped = sum(ray.get([g.actor.close_connections.remote("nolag", 1012, "maintenance")
+                               for g in nolag.running.router.gateways]))
+        assert dropped >= 2
+        await eventually(lambda: _value(bool(reconnects) and sdk.connected), timeout=20)
+        other = await Client.open(nolag.urls[1], nolag.token())
+        await other.subscribe(topic, qos=0)
+        await other.publish(topic, {"text": "after the reconnect"}, qos=1, echo=False)
+        await eventually(lambda: _value(any(d == {"text": "after the reconnect"} for d, _ in received)), timeout=20)
+        sdk.disconnect()
+        await other.close()
+
+    run(scenario(), timeout=90)

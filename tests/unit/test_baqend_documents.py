@@ -1,0 +1,114 @@
+"""actors/documents.py: versioned writes, partial updates, acl rules and the SQLite store."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.documents import (
+    DocumentTable, MemoryDocumentStore, SqliteDocumentStore, apply_update, iso_now, permitted, principals_of,
+)
+from router.errors import CommandError
+
+NOW, LATER = "2026-01-01T00:00:00.000Z", "2026-01-01T00:00:01.000Z"
+
+
+def refused(call, *args) -> tuple[str, str]:
+    with pytest.raises(CommandError) as caught:
+        call(*args)
+    return caught.value.code, caught.value.message
+
+
+def test_insert_stamps_metadata_and_ignores_client_metadata():
+    table = DocumentTable(MemoryDocumentStore())
+    before, after = table.insert("Todo", "a", {"id": "x", "version": 9, "createdAt": "no", "name": "A"}, NOW)
+    assert before is None
+    assert after == {"id": "/db/Todo/a", "version": 1, "acl": None, "createdAt": NOW, "updatedAt": NOW, "name": "A"}
+    assert refused(table.insert, "Todo", "a", {}, NOW) == ("exists", "the object /db/Todo/a already exists")
+
+
+def test_replace_checks_if_match_and_upserts_without_it():
+    table = DocumentTable(MemoryDocumentStore())
+    table.insert("Todo", "a", {"n": 1}, NOW)
+    before, after = table.replace("Todo", "a", {"n": 2}, "1", LATER)
+    assert (before["version"], after["version"], after["n"], after["createdAt"], after["updatedAt"]) == (1, 2, 2, NOW, LATER)
+    assert refused(table.replace, "Todo", "a", {}, "1", LATER) == (
+        "precondition_failed", "the object /db/Todo/a is at version 2, not 1")
+    assert refused(table.replace, "Todo", "b", {}, "*", LATER) == ("not_found", "the object /db/Todo/b does not exist")
+    assert table.replace("Todo", "b", {"n": 7}, None, LATER) == (None, {
+        "id": "/db/Todo/b", "version": 1, "acl": None, "createdAt": LATER, "updatedAt": LATER, "n": 7})
+
+
+def test_delete_returns_the_last_image_and_checks_the_version():
+    table = DocumentTable(MemoryDocumentStore())
+    table.insert("Todo", "a", {"n": 1}, NOW)
+    assert refused(table.delete, "Todo", "a", "2")[0] == "precondition_failed"
+    before, after = table.delete("Todo", "a", "1")
+    assert (before["n"], after) == (1, None)
+    assert table.get("/db/Todo/a") is None
+    assert refused(table.delete, "Todo", "a", None)[0] == "not_found"
+
+
+def test_partial_update_operators():
+    document = {"id": "/db/T/a", "version": 1, "n": 5, "tags": ["x"], "m": {"k": 1}, "bits": 6, "list": [1, 2, 3]}
+    updated = apply_update(document, {
+        "$set": {"name": "N", "deep.er": 1}, "$inc": {"n": 2, "fresh": 1}, "$push": {"tags": "y"},
+        "$unshift": {"list": 0}, "$put": {"m": {"j": 2}}, "$xor": {"bits": 3}, "$currentDate": {"at": None},
+        "$max": {"top": 4}, "$replace": {"list.1": 9},
+    }, LATER)
+    assert updated == {"id": "/db/T/a", "version": 1, "n": 7, "fresh": 1, "tags": ["x", "y"], "m": {"k": 1, "j": 2},
+                       "bits": 5, "list": [0, 9, 2, 3], "name": "N", "deep": {"er": 1}, "at": LATER, "top": 4}
+    assert document["tags"] == ["x"]  # the before image is untouched
+    assert apply_update(document, {"$unset": {"m": 1}, "$pop": {"list": 1}, "$shift": {"tags": 1},
+                                   "$remove": {}, "$mul": {"n": 3}, "$rename": {"bits": "b"}}, LATER) == {
+        "id": "/db/T/a", "version": 1, "n": 15, "tags": [], "b": 6, "list": [1, 2]}
+    assert apply_update({"id": "i", "s": [1, 2, 1], "d": {"a": 1}}, {"$remove": {"s": 1}, "$add": {"s": 3}}, NOW) == {
+        "id": "i", "s": [2, 3], "d": {"a": 1}}
+
+
+@pytest.mark.parametrize(("operations", "message"), [
+    ({}, 'a partial update is an object such as {"$set": {"name": "x"}}'),
+    ({"$bogus": {"a": 1}}, "unknown update operator $bogus"),
+    ({"$inc": {"n": "1"}}, "$inc on n needs a number"),
+    ({"$set": {"version": 3}}, "version cannot be changed by a partial update"),
+    ({"$push": {"n": 1}}, "$push: n is not an array"),
+    ({"$set": 5}, "$set needs an object of field paths"),
+])
+def test_bad_partial_updates_are_refused(operations, message):
+    code, text = refused(apply_update, {"id": "i", "n": 1}, operations, NOW)
+    assert code == "bad_request" and text.startswith(message)
+
+
+def test_acl_rules_and_principals():
+    user = frozenset({"/db/User/u1"})
+    assert permitted(None, frozenset()) and permitted({}, frozenset())
+    assert not permitted({"/db/User/u1": "allow"}, frozenset())
+    assert permitted({"/db/User/u1": "allow"}, user)
+    assert not permitted({"/db/User/u1": "deny"}, user)
+    assert permitted({"/db/User/u2": "deny"}, user)
+    assert principals_of({"sub": "u1", "roles": ["admin", "/db/Role/x"]}) == {
+        "/db/User/u1", "/db/Role/admin", "/db/Role/x"}
+    table = DocumentTable(MemoryDocumentStore())
+    table.insert("T", "a", {"acl": {"read": {}, "write": {"/db/User/u1": "allow"}}}, NOW)
+    assert refused(table.update, "T", "a", {"$set": {"x": 1}}, None, NOW, frozenset())[0] == "forbidden"
+    assert table.update("T", "a", {"$set": {"x": 1}}, None, NOW, user)[1]["x"] == 1
+    assert refused(table.insert, "T", "b", {"acl": {"read": {"u": "maybe"}}}, NOW)[0] == "bad_request"
+
+
+def test_sqlite_store_persists_commits_and_scans_only_owned_ids(tmp_path):
+    path = tmp_path / "documents.sqlite3"
+    table = DocumentTable(SqliteDocumentStore(path), owns=lambda oid: oid.endswith(("a", "b")))
+    table.insert("T", "a", {"n": 1}, NOW)
+    table.insert("T", "b", {"n": 2}, NOW)
+    table.insert("U", "a", {"n": 3}, NOW)
+    assert table.dirty and [d["n"] for d in table.scan("T")] == [1, 2]  # pending writes are visible
+    table.commit()
+    table.delete("T", "b", None)
+    table.commit()
+    reopened = DocumentTable(SqliteDocumentStore(path), owns=lambda oid: oid.endswith("a"))
+    assert [d["id"] for d in reopened.scan("T")] == ["/db/T/a"]
+    assert reopened.get("/db/U/a")["n"] == 3 and reopened.get("/db/T/b") is None
+    assert [d["n"] for d in reopened.scan("T", lambda d: d["n"] > 5)] == []
+
+
+def test_iso_timestamps_have_milliseconds():
+    assert iso_now(1_502_946_165_540) == "2017-08-17T05:02:45.540Z"

@@ -1,0 +1,234 @@
+"""actors/livequeries.py: a query shard's queries, the initial result racing writes, and the
+property that a live window always equals the query re-run from scratch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.documents import DocumentTable, MemoryDocumentStore, reader
+from actors.livequeries import QuerySpec, QueryTable
+
+ROUTE = ("gw", 1)
+NOW = "2026-01-01T00:00:00.000Z"
+
+
+class Source:
+    """A document shard as the query shard sees it: stamped writes, and scans."""
+
+    def __init__(self, index: int = 0, epoch: str = "e0") -> None:
+        self.index, self.epoch, self.seq = index, epoch, 0
+        self.table = DocumentTable(MemoryDocumentStore())
+
+    def write(self, operation: str, key: str, **fields: Any) -> tuple:
+        if operation == "insert":
+            before, after = self.table.insert("Todo", key, fields, NOW)
+        elif operation == "update":
+            before, after = self.table.update("Todo", key, {"$set": fields}, None, NOW)
+        else:
+            before, after = self.table.delete("Todo", key, None)
+        self.seq += 1
+        return ("Todo", before, after, operation, self.seq, None)
+
+    def scan(self) -> tuple:
+        return (self.index, self.epoch, self.seq, self.table.scan("Todo"))
+
+
+def brief(outputs: list) -> list[tuple]:
+    return [(kind, key, [(e["matchType"], e["operation"], e["data"]["id"].rsplit("/", 1)[1], e.get("index"))
+                         for e in events])
+            for _, (kind, key, events, *_rest) in outputs if kind == "match"]
+
+
+def test_writes_buffered_while_loading_are_folded_into_the_result_once():
+    source, table = Source(), QueryTable()
+    table.apply(0, "e0", [source.write("insert", "a", n=1)])
+    assert table.add("k", ROUTE, "s1", QuerySpec("Todo", sort={"n": 1}, initial=True))
+    buffered = [source.write("insert", "b", n=2)]  # stored before the scan: in the scan
+    scan = source.scan()
+    buffered.append(source.write("update", "a", n=3))  # after the scan: only in the buffer
+    assert table.apply(0, "e0", buffered) == []  # nothing is sent while loading
+    outputs = table.load("k", [scan])
+    assert [(route, kind, key) for route, (kind, key, _) in outputs] == [(ROUTE, "result", "k")]
+    assert [(d["id"], d["n"]) for d in outputs[0][1][2]] == [("/db/Todo/b", 2), ("/db/Todo/a", 3)]
+
+
+def test_writes_a_scan_included_but_still_in_flight_are_skipped():
+    source, table = Source(), QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo", initial=True))
+    in_flight = [source.write("insert", "a", n=1)]
+    scan = source.scan()  # includes "a", whose write has not reached the query shard yet
+    assert table.load("k", [scan])[0][1][2][0]["id"] == "/db/Todo/a"
+    assert table.apply(0, "e0", in_flight) == []  # not "add" a second time
+    outputs = table.apply(0, "e0", [source.write("update", "a", n=2)])
+    assert brief(outputs) == [("match", "k", [("change", "update", "a", None)])]
+
+
+def test_a_restarted_document_shard_new_epoch_is_not_skipped():
+    source, table = Source(), QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo"))
+    table.load("k", [(0, "old", 5, [])])
+    outputs = table.apply(0, "new", [("Todo", None, {"id": "/db/Todo/x", "version": 1}, "insert", 1, None)])
+    assert brief(outputs) == [("match", "k", [("add", "insert", "x", None)])]
+
+
+def test_initial_false_sends_no_result_and_unsubscribe_while_loading_drops_the_load():
+    table = QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo"))
+    assert table.load("k", [(0, "e", 0, [])]) == []
+    assert table.load("k", [(0, "e", 0, [])]) is None  # loaded once
+    table.add("k2", ROUTE, "s2", QuerySpec("Todo", initial=True))
+    assert table.remove("k2")
+    assert table.load("k2", [(0, "e", 0, [])]) is None
+    assert not table.add("k", ROUTE, "s1", QuerySpec("Todo"))  # key taken
+
+
+def test_other_buckets_are_not_matched_and_purges_remove_everything():
+    table = QueryTable()
+    table.add("k1", ("gw", 1), "s", QuerySpec("Todo"))
+    table.add("k2", ("gw", 2), "s", QuerySpec("Todo"))
+    table.add("k3", ("other", 1), "s", QuerySpec("Todo"))
+    for key in ("k1", "k2", "k3"):
+        table.load(key, [])
+    assert table.apply(0, "e", [("Note", None, {"id": "/db/Note/x", "version": 1}, "insert", 1, None)]) == []
+    assert table.purge_connection(("gw", 1)) == 1
+    assert table.purge_gateway("gw") == 1
+    outputs = table.apply(0, "e", [("Todo", None, {"id": "/db/Todo/x", "version": 1}, "insert", 2, None)])
+    assert [route for route, _ in outputs] == [("other", 1)]
+    assert table.stats() == {"queries": 1, "loading": 0, "connections": 1, "writes": 2, "events": 1}
+
+
+def test_acl_visibility_anonymous_sees_public_documents_only():
+    table = QueryTable()
+    table.add("anon", ROUTE, "s", QuerySpec("Todo", initial=True), reader(frozenset()))
+    table.add("u1", ROUTE, "t", QuerySpec("Todo", initial=True), reader(frozenset({"/db/User/u1"})))
+    private = {"id": "/db/Todo/p", "version": 1, "acl": {"read": {"/db/User/u1": "allow"}, "write": {}}}
+    public = {"id": "/db/Todo/q", "version": 1, "acl": None}
+    assert [d["id"] for d in table.load("anon", [(0, "e", 0, [private, public])])[0][1][2]] == ["/db/Todo/q"]
+    assert [d["id"] for d in table.load("u1", [(0, "e", 0, [private, public])])[0][1][2]] == ["/db/Todo/p", "/db/Todo/q"]
+    opened = {**private, "version": 2, "acl": None}
+    outputs = table.apply(0, "e", [("Todo", private, opened, "update", 1, None)])
+    assert brief(outputs) == [("match", "anon", [("add", "update", "p", None)]),
+                              ("match", "u1", [("change", "update", "p", None)])]
+
+
+# -- the property: a live window always equals the query re-run from scratch ----------------------
+
+KEYS = [f"k{i}" for i in range(8)]
+write = st.tuples(st.sampled_from(["put", "delete"]), st.sampled_from(KEYS), st.integers(0, 6), st.booleans())
+SPECS = [
+    QuerySpec("Todo", {"on": True}, {"n": 1}, 2, 3, initial=True),
+    QuerySpec("Todo", {"n": {"$gte": 2}}, {"n": -1, "on": 1}, 0, 2, initial=True),
+    QuerySpec("Todo", {}, None, 0, 4, initial=True),
+    QuerySpec("Todo", {"on": True}, initial=True),
+    QuerySpec("Todo", {"n": 3}, initial=True),  # indexed by n = 3
+    QuerySpec("Todo", {"n": 2.0, "on": True}, {"on": -1}, 0, 2, initial=True),  # indexed by n = 2
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(write, max_size=40), st.integers(0, 40), st.integers(0, 40), st.sampled_from(range(len(SPECS))))
+def test_live_window_after_random_writes_equals_rerunning_the_query(writes, subscribe_at, delivered_at, which):
+    """Writes go to two document shards; the query subscribes in the middle, its scans race writes
+    still in flight to the query shard; the window it keeps must be the query re-run at the end."""
+    spec = SPECS[which]
+    sources = [Source(0, "a"), Source(1, "b")]
+    in_flight: list[list[tuple]] = [[], []]
+    table, window = QueryTable(), None
+    sent: list[tuple] = []
+
+    def deliver(count: int) -> None:
+        for index in (0, 1):
+            items, in_flight[index] = in_flight[index][:count], in_flight[index][count:]
+            if items:
+                sent.extend(table.apply(index, sources[index].epoch, items))
+
+    for step, planned in enumerate(writes + [None]):
+        if step == subscribe_at:
+            table.add("q", ROUTE, "s", spec)
+            scans = [source.scan() for source in sources]
+            deliver(delivered_at % 3)
+            sent.extend(table.load("q", scans))
+        if planned is None:
+            break
+        action, key, n, on = planned
+        source = sources[int(key[1:]) % 2]
+        exists = source.table.get(f"/db/Todo/{key}") is not None
+        if action == "delete" and not exists:
+            continue
+        operation = "delete" if action == "delete" else ("update" if exists else "insert")
+        item = source.write(operation, key, n=n, on=on)
+        in_flight[source.index].append(item)
+        if step % 3 == 0:
+            deliver(1)
+    if "q" not in table.queries:  # subscribe_at was past the last write
+        table.add("q", ROUTE, "s", spec)
+        sent.extend(table.load("q", [source.scan() for source in sources]))
+    deliver(100)
+    # The client's view: the result, then every match applied in order (as the SDK's resultStream).
+    # Strictly: an add is for an object not shown, a change/remove for one shown, and a change
+    # carries a newer version than the one shown (a write applied twice would repeat one).
+    versions: dict[str, int] = {}
+    for _, (kind, key, *rest) in sent:
+        if kind == "result":
+            window = [d["id"] for d in rest[0]]
+            versions = {d["id"]: d["version"] for d in rest[0]}
+            continue
+        for event in rest[0]:
+            oid, match_type = event["data"]["id"], event["matchType"]
+            if match_type == "add":
+                assert oid not in versions, event
+                versions[oid] = event["data"]["version"]
+            elif match_type == "remove":
+                assert oid in versions, event
+                del versions[oid]
+            else:
+                assert event["data"]["version"] > versions[oid], event
+                versions[oid] = event["data"]["version"]
+            if match_type in ("remove", "changeIndex") and oid in window:
+                window.remove(oid)
+            if match_type in ("add", "changeIndex"):
+                if "index" in event:
+                    window.insert(event["index"], oid)
+                else:
+                    window.append(oid)
+    fresh = spec.build([d for source in sources for d in source.table.scan("Todo")]).result()
+    expected = [d["id"] for d in fresh]
+    if spec.sort is None and not spec.limit:
+        assert sorted(window) == sorted(expected)
+    else:
+        assert window == expected
+
+
+def test_a_buffered_write_older_than_the_scan_does_not_overwrite_the_scans_image():
+    source, table = Source(), QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo", sort={"n": 1}, initial=True))
+    first, second = source.write("insert", "a", n=1), source.write("update", "a", n=2)
+    table.apply(0, "e0", [first])  # reaches the query shard while it loads
+    scan = source.scan()  # has n=2
+    result = table.load("k", [scan])[0][1][2]
+    assert [(d["id"], d["n"], d["version"]) for d in result] == [("/db/Todo/a", 2, 2)]
+    assert table.apply(0, "e0", [second]) == []  # already in the result
+    assert [(d["n"], d["version"]) for d in table.queries["k"].query.result()] == [(2, 2)]
+
+
+def test_equality_index_finds_array_elements_and_skips_unrelated_writes():
+    table = QueryTable()
+    table.add("tags", ROUTE, "s", QuerySpec("Todo", {"tags": "a"}))
+    table.add("n", ROUTE, "t", QuerySpec("Todo", {"n": 1, "x": {"$gt": 0}}))
+    table.load("tags", [])
+    table.load("n", [])
+    doc = {"id": "/db/Todo/d", "version": 1, "tags": ["b", "a"], "n": 1.0, "x": 1}
+    outputs = table.apply(0, "e", [("Todo", None, doc, "insert", 1, None)])
+    assert sorted(key for _, (_, key, _, _) in outputs) == ["n", "tags"]
+    moved = {**doc, "version": 2, "tags": ["b"], "n": 2}
+    outputs = table.apply(0, "e", [("Todo", doc, moved, "update", 2, None)])
+    assert brief(outputs) == [("match", "tags", [("remove", "update", "d", None)]),
+                              ("match", "n", [("remove", "update", "d", None)])]
+    bucket = table.by_bucket["Todo"]
+    assert list(bucket.candidates({"n": 7}, None)) == []
+    table.remove("tags")
+    table.remove("n")
+    assert "Todo" not in table.by_bucket

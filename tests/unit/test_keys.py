@@ -1,0 +1,230 @@
+"""router/keys.py: tokens, hashed secrets, ACL patterns, revocation, monthly quota, the CLI."""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+import sqlite3
+
+import pytest
+
+from router import cli
+from router.keys import AclError, KeyRecord, KeyStore, month_of, parse_pattern, parse_token, pattern_matches
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock) -> KeyStore:
+    keys = KeyStore(tmp_path / "keys.sqlite3", clock)
+    yield keys
+    keys.close()
+
+
+def test_create_returns_a_token_that_verifies(store, clock):
+    token, record = store.create("proj_1")
+    match = re.fullmatch(r"at_live_([0-9a-f]{16})\.([A-Za-z0-9_-]{43})", token)
+    assert match is not None and match.group(1) == record.key_id
+    assert record == KeyRecord(record.key_id, "live", "proj_1", ("#",), ("#",), 50, None, clock.now, None)
+    assert store.verify(token) == record
+    sandbox_token, sandbox = store.create("proj_2", "sandbox", ["chat/#"], ["chat/*/messages"], 10, 1000)
+    assert sandbox_token.startswith(f"at_sandbox_{sandbox.key_id}.")
+    assert store.verify(sandbox_token) == KeyRecord(sandbox.key_id, "sandbox", "proj_2", ("chat/#",),
+                                                    ("chat/*/messages",), 10, 1000, clock.now, None)
+
+
+def test_only_a_salted_hash_of_the_secret_is_stored(store, tmp_path):
+    token, record = store.create("p")
+    other_token, _ = store.create("p")
+    secret = token.split(".")[1]
+    raw = (tmp_path / "keys.sqlite3").read_bytes() + (tmp_path / "keys.sqlite3-wal").read_bytes()
+    assert secret.encode() not in raw
+    db = sqlite3.connect(tmp_path / "keys.sqlite3")
+    (salt_a, hash_a), (salt_b, hash_b) = db.execute("SELECT salt, secret_hash FROM keys ORDER BY rowid").fetchall()
+    db.close()
+    assert len(salt_a) == 16 and len(hash_a) == 32 and salt_a != salt_b and hash_a != hash_b
+
+
+def test_verify_refuses_every_wrong_token(store):
+    token, record = store.create("p")
+    head, secret = token.split(".")
+    wrong = [
+        "", "at_live_", head, head + ".", f"{head}.{secret}.x", f"{head}.{secret[:-1]}",
+        f"{head}.{secret}x", token.replace("at_live_", "at_sandbox_"), token.replace("at_live_", "at_test_"),
+        token.replace("at_live_", "live_"), f"at_live_{'0' * 16}.{secret}", f"at_live_{record.key_id.upper()}.{secret}",
+        f"at_live_{record.key_id}0.{secret}", None, 5,
+    ]
+    assert [store.verify(candidate) for candidate in wrong] == [None] * len(wrong)
+    assert store.verify(token) == record
+
+
+def test_parse_token_splits_on_the_dot():
+    assert parse_token("at_live_0123456789abcdef.s3cr-et_") == ("live", "0123456789abcdef", "s3cr-et_")
+    assert parse_token("at_sandbox_0123456789abcdef.x") == ("sandbox", "0123456789abcdef", "x")
+    assert parse_token("at_live_0123456789abcdef.a.b") is None
+    assert parse_token("at_live_0123456789abcde.x") is None
+
+
+def test_revoke_and_revoked_since(store, clock):
+    first_token, first = store.create("p")
+    _, second = store.create("p")
+    clock.now += 10
+    assert store.revoke(first.key_id) is True
+    assert store.revoke(first.key_id) is False
+    assert store.revoke("0000000000000000") is False
+    assert store.verify(first_token) is None
+    assert store.get(first.key_id).revoked_at == clock.now
+    clock.now += 5
+    store.revoke(second.key_id)
+    assert store.revoked_since(clock.now - 15) == [first.key_id, second.key_id]
+    assert store.revoked_since(clock.now - 10) == [first.key_id, second.key_id]  # inclusive
+    assert store.revoked_since(clock.now - 4.9) == [second.key_id]
+    assert store.revoked_since(clock.now + 0.1) == []
+
+
+def test_list_has_no_secrets_and_is_in_creation_order(store, clock):
+    _, a = store.create("p1")
+    clock.now += 1
+    _, b = store.create("p2", "sandbox", monthly_quota=5)
+    assert store.list() == [a, b]
+    assert "secret" not in json.dumps([record.to_dict() for record in store.list()])
+    assert b.to_dict() == {"key_id": b.key_id, "environment": "sandbox", "project_id": "p2", "publish": ["#"],
+                           "subscribe": ["#"], "rate_limit_per_s": 50, "monthly_quota": 5,
+                           "created_at": clock.now, "revoked_at": None}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"environment": "prod"}, "environment must be one of ('live', 'sandbox'), not 'prod'"),
+    ({"project_id": ""}, "project_id must be a non-empty string"),
+    ({"rate_limit_per_s": 0}, "rate_limit_per_s must be positive"),
+    ({"monthly_quota": -1}, "monthly_quota must be 0 or more (None: unlimited)"),
+    ({"publish": ["a/#/b"]}, "ACL pattern 'a/#/b': '#' is allowed only as the last segment"),
+    ({"subscribe": ["a//b"]}, "ACL pattern 'a//b': segment '' must be '*', '+', '#' or letters, digits, '_', '.', '-'"),
+    ({"subscribe": ["a/b*/c"]}, "ACL pattern 'a/b*/c': segment 'b*' must be '*', '+', '#' or letters, digits, '_', "
+                                "'.', '-'"),
+    ({"publish": [""]}, "an ACL pattern must be a non-empty string"),
+])
+def test_create_refusals(store, kwargs, message):
+    arguments = {"project_id": "p", **kwargs}
+    with pytest.raises(ValueError) as caught:
+        store.create(**arguments)
+    assert str(caught.value) == message
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("pattern, topic, allowed", [
+    ("#", "a/b/c", True),
+    ("chat/#", "chat/general/messages", True),
+    ("chat/#", "chat", False),
+    ("chat/#", "chats/general/messages", False),
+    ("chat/general/#", "chat/general/messages", True),
+    ("chat/*/messages", "chat/general/messages", True),
+    ("chat/+/messages", "chat/general/messages", True),
+    ("chat/*/messages", "chat/general/typing", False),
+    ("chat/*/messages", "chat/general/messages/x", False),
+    ("chat/*", "chat/general/messages", False),
+    ("*/*/*", "a/b/c", True),
+    ("*/*/*", "a/b", False),
+    ("chat/general/messages", "chat/general/messages", True),
+    ("chat/general/messages", "chat/general/Messages", False),
+    ("chat/gen.ral/messages", "chat/general/messages", False),  # '.' is literal
+])
+def test_acl_patterns(pattern, topic, allowed):
+    assert pattern_matches(pattern, topic) is allowed
+
+
+def test_acl_parse_and_record_checks():
+    assert parse_pattern("a/+/#") == ("a", "*", "#")
+    with pytest.raises(AclError):
+        parse_pattern("#/a")
+    record = KeyRecord("k", "live", "p", ("chat/*/messages", "news/#"), ("chat/#",), 50, None, 0.0)
+    assert record.can_publish("chat/room1/messages") and record.can_publish("news/x/y")
+    assert not record.can_publish("chat/room1/typing")
+    assert record.can_subscribe("chat/room1/typing") and not record.can_subscribe("news/x/y")
+    assert not KeyRecord("k", "live", "p", (), (), 50, None, 0.0).can_publish("a/b/c")
+
+
+def test_month_of_is_utc():
+    assert month_of(calendar.timegm((2024, 1, 31, 23, 59, 59))) == "2024-01"
+    assert month_of(calendar.timegm((2024, 2, 1, 0, 0, 0))) == "2024-02"
+
+
+def test_consume_counts_per_calendar_month(store):
+    _, record = store.create("p", monthly_quota=10)
+    january = calendar.timegm((2024, 1, 31, 23, 59, 59))
+    february = january + 1
+    assert store.consume(record.key_id, 4, january) is True
+    assert store.consume(record.key_id, 6, january) is True
+    assert store.consume(record.key_id, 1, january) is False
+    assert store.usage(record.key_id, "2024-01") == 10
+    assert store.consume(record.key_id, 11, february) is False
+    assert store.usage(record.key_id, "2024-02") == 0
+    assert store.consume(record.key_id, 10, february) is True
+    assert store.consume(record.key_id, 1, february) is False
+
+
+def test_consume_unlimited_unknown_and_zero_quota(store, clock):
+    _, unlimited = store.create("p")
+    _, blocked = store.create("p", monthly_quota=0)
+    assert store.consume(unlimited.key_id, 1_000_000) is True
+    assert store.consume(unlimited.key_id) is True
+    assert store.usage(unlimited.key_id, month_of(clock.now)) == 1_000_001
+    assert store.consume(blocked.key_id) is False
+    assert store.consume(blocked.key_id, 0) is True
+    assert store.consume("0000000000000000") is False
+    with pytest.raises(ValueError):
+        store.consume(unlimited.key_id, -1)
+
+
+def test_two_processes_share_the_file(tmp_path, clock):
+    one = KeyStore(tmp_path / "k.sqlite3", clock)
+    two = KeyStore(tmp_path / "k.sqlite3", clock)
+    token, record = one.create("p", monthly_quota=3)
+    assert two.verify(token) == record
+    assert one.consume(record.key_id, 2) and not two.consume(record.key_id, 2) and two.consume(record.key_id, 1)
+    assert one.usage(record.key_id, month_of(clock.now)) == 3
+    assert two.revoke(record.key_id) and one.verify(token) is None
+    assert one._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    one.close()
+    two.close()
+
+
+def test_cli_create_list_revoke(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROUTER_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("ROUTER_CONFIG", raising=False)
+    assert cli.main(["keys", "create", "--project", "proj_1", "--sandbox", "--publish", "chat/*/messages", "news/#",
+                     "--rate-limit", "20", "--monthly-quota", "500"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    key_id = out[0].removeprefix("key id: ")
+    token = out[1].removeprefix("token:  ")
+    store = KeyStore(tmp_path / "keys.sqlite3")
+    record = store.verify(token)
+    assert (record.key_id, record.environment, record.project_id, record.publish, record.subscribe,
+            record.rate_limit_per_s, record.monthly_quota) == (
+        key_id, "sandbox", "proj_1", ("chat/*/messages", "news/#"), ("#",), 20, 500)
+    assert cli.main(["keys", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [item["key_id"] for item in listed] == [key_id] and token.split(".")[1] not in json.dumps(listed)
+    assert cli.main(["keys", "list"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 and table[1].startswith(f"{key_id}  sandbox  proj_1")
+    assert cli.main(["keys", "revoke", key_id]) == 0
+    assert capsys.readouterr().out == f"revoked {key_id}\n"
+    assert store.verify(token) is None
+    assert cli.main(["keys", "revoke", key_id]) == 1
+    assert capsys.readouterr().err == f"router keys revoke: no active key {key_id!r}\n"
+    assert cli.main(["keys", "create", "--project", "p", "--subscribe", "#/x"]) == 2
+    assert capsys.readouterr().err == "router keys create: ACL pattern '#/x': '#' is allowed only as the last segment\n"
+    store.close()
