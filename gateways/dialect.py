@@ -104,26 +104,27 @@ class Dialect(ABC):
     """One protocol: where it is served, its frame limits, and its sessions."""
 
     name: str = ""
+    config: Any = None  # the dialect's config section: path, port and limits are read from it
 
     def __init__(self, gateway: "Gateway") -> None:
         self.gateway = gateway
 
     @property
-    @abstractmethod
-    def path(self) -> str: ...
+    def path(self) -> str:
+        return self.config.path
 
     @property
     def port(self) -> int | None:
         """A port of its own, or None for the router's main port."""
-        return None
+        return getattr(self.config, "port", None)
 
     @property
     def max_frame_bytes(self) -> int:
-        return 1 << 20
+        return getattr(self.config, "max_frame_bytes", 1 << 20)
 
     @property
     def max_outbound_bytes(self) -> int:
-        return 8 << 20
+        return getattr(self.config, "max_outbound_bytes", 8 << 20)
 
     @abstractmethod
     def open_session(self, wire: Wire, request_headers: Any) -> DialectSession: ...

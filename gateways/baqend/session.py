@@ -79,22 +79,6 @@ class BaqendDialect(Dialect):
         self.matches = 0
         self.writes = 0
 
-    @property
-    def path(self) -> str:
-        return self.config.path
-
-    @property
-    def port(self) -> int | None:
-        return self.config.port
-
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.config.max_frame_bytes
-
-    @property
-    def max_outbound_bytes(self) -> int:
-        return self.config.max_outbound_bytes
-
     def open_session(self, wire: Wire, request_headers: Any) -> "BaqendSession":
         session = BaqendSession(self, wire)
         self.sessions.add(session)

@@ -69,18 +69,6 @@ class NodeIngestDialect(Dialect):
         self.client: NodeClient | None = None
         self.sessions: set[NodeSession] = set()
 
-    @property
-    def path(self) -> str:
-        return self.config.path
-
-    @property
-    def port(self) -> int | None:
-        return self.config.port
-
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.config.max_frame_bytes
-
     def open_session(self, wire: Wire, request_headers: Any) -> "NodeSession":
         session = NodeSession(self, wire)
         self.sessions.add(session)

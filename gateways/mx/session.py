@@ -64,18 +64,6 @@ class MxHubDialect(Dialect):
         self.delivered = 0
 
     @property
-    def path(self) -> str:
-        return self.config.path
-
-    @property
-    def port(self) -> int | None:
-        return self.config.port
-
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.config.max_frame_bytes
-
-    @property
     def max_outbound_bytes(self) -> int:
         # The session writes only below this; the server's own drop threshold must not be lower.
         return self.config.max_write_buffer_bytes

@@ -82,22 +82,6 @@ class NolagDialect(Dialect):
             self._keys = KeyStore(self.keys_path)
         return self._keys
 
-    @property
-    def path(self) -> str:
-        return self.config.path
-
-    @property
-    def port(self) -> int | None:
-        return self.config.port
-
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.config.max_frame_bytes
-
-    @property
-    def max_outbound_bytes(self) -> int:
-        return self.config.max_outbound_bytes
-
     def open_session(self, wire: Wire, request_headers: Any) -> "NolagSession":
         session = NolagSession(self, wire)
         self.sessions.add(session)

@@ -70,22 +70,6 @@ class SignalHubDialect(Dialect):
         self.bucket_capacity = float(burst)
         self.sessions: set[SignalSession] = set()
 
-    @property
-    def path(self) -> str:
-        return self.config.path
-
-    @property
-    def port(self) -> int | None:
-        return self.config.port
-
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.config.max_frame_bytes
-
-    @property
-    def max_outbound_bytes(self) -> int:
-        return self.config.max_outbound_bytes
-
     def open_session(self, wire: Wire, request_headers: Any) -> "SignalSession":
         session = SignalSession(self, wire)
         self.sessions.add(session)
