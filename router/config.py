@@ -12,9 +12,9 @@ import os
 import threading
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -31,6 +31,15 @@ HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 PUBLIC_KEY_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
 
 
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("must start with '/'")
+    return value
+
+
+UrlPath = Annotated[str, AfterValidator(_absolute_path)]  # a URL path: starts with "/"
+
+
 class ConfigError(Exception):
     """The configuration is invalid; the message names the field and what is wrong."""
 
@@ -42,17 +51,10 @@ class _Section(BaseModel):
 class EndpointConfig(_Section):
     """Where a dialect is served: a URL path, and optionally a port of its own."""
 
-    path: str = "/"
+    path: UrlPath = "/"
     # None serves the dialect on the router's main port; a number opens a listener of its own
     # (gateway i of --gateways N listens on port + i; 0 lets the system pick a free port).
     port: int | None = Field(default=None, ge=0, le=65535)
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
 
 
 class SignalAuthConfig(_Section):
@@ -97,7 +99,7 @@ class SignalHubConfig(_Section):
     """Signal Hub dialect (``signal-hub-protocol.md``)."""
 
     enabled: bool = True
-    path: str = "/signal"
+    path: UrlPath = "/signal"
     port: int | None = Field(default=None, ge=0, le=65535)
     protocol_version: str = "1.0"
     hub_address: str = "cloudflare/signal-hub"
@@ -125,13 +127,6 @@ class SignalHubConfig(_Section):
     request_timeout_s: float = Field(default=10, gt=0)
     # Bytes queued to a slow client before further deliveries to it are dropped (counted as failed).
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
 
     @field_validator("anonymous_capabilities")
     @classmethod
@@ -188,11 +183,11 @@ class CashuConfig(_Section):
     """Cashu NUT-17 subscriptions (``cashu-nut17-websockets.md``) and the mint's state feed."""
 
     enabled: bool = True
-    path: str = "/v1/ws"
+    path: UrlPath = "/v1/ws"
     port: int | None = Field(default=None, ge=0, le=65535)
-    info_path: str = "/v1/info"
+    info_path: UrlPath = "/v1/info"
     # The mint pushes object states here (POST, API key). No key configured: the feed is off (403).
-    state_path: str = "/v1/ws/state"
+    state_path: UrlPath = "/v1/ws/state"
     state_api_key: SecretStr | None = None
     max_states_per_push: int = Field(default=1000, ge=1)
     # NUT-06 `nuts.17.supported`; the kinds listed here are the ones a wallet may subscribe to.
@@ -218,13 +213,6 @@ class CashuConfig(_Section):
     mint_info_ttl_s: float = Field(default=60, ge=0)
     request_timeout_s: float = Field(default=10, gt=0)
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-    @field_validator("path", "info_path", "state_path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
 
     @field_validator("mint_url")
     @classmethod
@@ -252,7 +240,7 @@ class MxIngestConfig(_Section):
     # "server": the node's outport driver dials the router at `path` (its default client mode);
     # "client": the router dials the node's websocket server at `connect_url` (from gateway 0).
     mode: Literal["server", "client"] = "server"
-    path: str = "/save"
+    path: UrlPath = "/save"
     # None: the router's main port; a number opens a port of its own (22111 is the node's default).
     port: int | None = Field(default=None, ge=0, le=65535)
     connect_url: str | None = None
@@ -264,13 +252,6 @@ class MxIngestConfig(_Section):
     dedup_window_s: float = Field(default=1800, gt=0)
     dedup_max_entries: int = Field(default=100_000, ge=1)
     max_frame_bytes: int = Field(default=64 * MIB, ge=1024)
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
 
     @model_validator(mode="after")
     def _client_needs_url(self) -> "MxIngestConfig":
@@ -285,7 +266,7 @@ class MxConfig(_Section):
     """mx-notifier hub (``mx-notifier-hub.md``): node ingest and filtered binary event streams."""
 
     enabled: bool = True
-    path: str = "/hub/ws"
+    path: UrlPath = "/hub/ws"
     port: int | None = Field(default=None, ge=0, le=65535)
     # Text frames on the binary-only endpoint: dropped (counted) or the connection closed with 1003.
     text_frames: Literal["drop", "close"] = "drop"
@@ -303,13 +284,6 @@ class MxConfig(_Section):
     max_field_length: int = Field(default=256, ge=1, le=4096)
     max_frame_bytes: int = Field(default=64 * KIB, ge=256)
     ingest: MxIngestConfig = Field(default_factory=MxIngestConfig)
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
 
 
 class BaqendConfig(_Section):
@@ -375,7 +349,7 @@ class NolagConfig(_Section):
     """NoLag (``nolag-wire-protocol.md``): MessagePack pub/sub with keys, QoS, presence, replay."""
 
     enabled: bool = True
-    path: str = "/ws"
+    path: UrlPath = "/ws"
     port: int | None = Field(default=None, ge=0, le=65535)
     # Keys (`router keys create|list|revoke`); default <data_dir>/keys.sqlite3.
     keys_path: Path | None = None
@@ -406,13 +380,6 @@ class NolagConfig(_Section):
     hydration_retries: int = Field(default=2, ge=0)
     request_timeout_s: float = Field(default=10, gt=0)
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-    @field_validator("path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
 
 
 class ShardsConfig(_Section):
