@@ -241,6 +241,13 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmarks: the router against the raw websockets ceiling and Redis, one run (router/bench)."""
+    from router.bench import run
+
+    return run(args)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     print(settings.model_dump_json(indent=2, exclude={"signal": {"auth": {"secret"}}}))
@@ -328,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
     revoke.add_argument("key_id")
     revoke.set_defaults(func=cmd_keys_revoke)
+
+    bench = sub.add_parser("bench", help="benchmark the router against raw websockets and Redis on this machine")
+    from router.bench import add_arguments as add_bench_arguments  # no Ray: `router --help` stays fast
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
 
     config = sub.add_parser("config", help="print the effective configuration (secrets hidden)")
     common(config)

@@ -1,0 +1,121 @@
+"""``router bench``: the benchmark harness.
+
+Load generators in separate processes drive real clients of each system over 127.0.0.1: the
+router (embedded, Signal Hub), the ``raw`` websockets server (``benchmarks/raw_server.py``, the
+ceiling of the ``websockets`` library on this machine) and Redis pub/sub, all in one run, so the
+figures are ratios on one machine. Every run is bounded in count and time. Output: a table, a
+JSON file, optionally a PNG.
+
+    router bench fanout                       # S = 1, 100, 1000; router vs raw vs redis
+    router bench all --plot bench.png         # every scenario
+    router bench fanout --systems router --scale 1,2   # gateways = shards = 1, then 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from router.bench.report import add_ratios, document, format_table, markdown_table, plot, write_json
+from router.bench.scenarios import PLANS, SCENARIOS, Options, run_system
+from router.bench.systems import RawSystem, RedisSystem, RouterSystem, System, Unavailable
+
+SYSTEMS = ("raw", "redis", "router")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", choices=(*SCENARIOS, "all"))
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help="comma-separated: raw, redis, router (default all three)")
+    parser.add_argument("--subscribers", type=_ints, default=[1, 100, 1000], help="fanout: S values (default 1,100,1000)")
+    parser.add_argument("--deliveries", type=int, default=1_000_000, help="fanout S>1 and topics: deliveries per case")
+    parser.add_argument("--messages-s1", type=int, default=200_000, help="fanout S=1: messages")
+    parser.add_argument("--p2p-messages", type=int, default=200_000)
+    parser.add_argument("--pairs", type=int, default=20, help="p2p: sender/receiver pairs")
+    parser.add_argument("--window", type=int, default=1000, help="unacknowledged publishes per publisher")
+    parser.add_argument("--rate", type=float, default=1000.0, help="latency: offered messages/s")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--latency-subscribers", type=int, default=100)
+    parser.add_argument("--connections", type=int, default=10_000, help="connections: idle connections to open")
+    parser.add_argument("--churn-seconds", type=float, default=5.0)
+    parser.add_argument("--procs", type=int, default=2, help="load-generator processes per role")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take")
+    parser.add_argument("--idle", type=float, default=5.0, help="a receiver stops after this long without a frame")
+    parser.add_argument("--gateways", type=int, default=1, help="router gateways (default 1)")
+    parser.add_argument("--shards", type=int, default=None, help="router shards of each kind (default: config, 2)")
+    parser.add_argument("--scale", type=_ints, default=None,
+                        help="run the router once per N with gateways = shards = N (e.g. 1,2)")
+    parser.add_argument("--eventlog", choices=("on", "off"), default="on", help="the router's event log (default on)")
+    parser.add_argument("--pin", type=int, default=0, help="CPU the raw and redis servers are pinned to (-1: none)")
+    parser.add_argument("--out", help="JSON file (default benchmarks/results/bench-<scenario>.json)")
+    parser.add_argument("--markdown", help="also write the table as Markdown to this file")
+    parser.add_argument("--plot", help="PNG file: every value over raw's")
+
+
+def _systems(args: argparse.Namespace) -> list[System]:
+    wanted = [name.strip() for name in args.systems.split(",") if name.strip()]
+    unknown = set(wanted) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit(f"router bench: unknown system(s) {sorted(unknown)}; choose from {SYSTEMS}")
+    pin = None if args.pin < 0 else args.pin
+    systems: list[System] = []
+    for name in SYSTEMS:  # baselines first: they never share the machine with Ray
+        if name not in wanted:
+            continue
+        if name == "raw":
+            systems.append(RawSystem(pin))
+        elif name == "redis":
+            systems.append(RedisSystem(pin))
+        elif args.scale:
+            systems += [RouterSystem(n, n, args.eventlog == "on", f"router g{n}/s{n}") for n in args.scale]
+        else:
+            systems.append(RouterSystem(args.gateways, args.shards, args.eventlog == "on"))
+    return systems
+
+
+def run(args: argparse.Namespace) -> int:
+    options = Options(
+        subscribers=args.subscribers, deliveries=args.deliveries, messages_s1=args.messages_s1, window=args.window,
+        procs=args.procs, pairs=args.pairs, p2p_messages=args.p2p_messages, rate=args.rate,
+        latency_seconds=args.latency_seconds, latency_subscribers=args.latency_subscribers,
+        connections=args.connections, churn_seconds=args.churn_seconds, timeout=args.timeout, idle_s=args.idle)
+    scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
+    cases = [case for scenario in scenarios for case in PLANS[scenario](options)]
+
+    def progress(message: str) -> None:
+        print(f"bench: {message}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    described, skipped = [], {}
+    started = time.monotonic()
+    for system in _systems(args):
+        try:
+            rows += run_system(system, cases, options, progress)
+            described.append(system.describe())
+        except Unavailable as reason:
+            skipped[system.name] = str(reason)
+            progress(f"skipping {system.name}: {reason}")
+    order = {(case.scenario, case.case): index for index, case in enumerate(cases)}
+    rows.sort(key=lambda row: order[(row["scenario"], row["case"])])
+    add_ratios(rows)
+    print()
+    print(format_table(rows))
+    for name, reason in skipped.items():
+        print(f"\n{name}: skipped: {reason}")
+    out = Path(args.out or f"benchmarks/results/bench-{args.scenario}.json")
+    write_json(out, document(args.scenario, {**vars(options), "argv": {k: v for k, v in vars(args).items()
+                                                                      if k != "func"}},
+                             described, rows, skipped))
+    print(f"\nresults written to {out} ({time.monotonic() - started:.0f} s)")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_table(rows) + "\n")
+    if args.plot:
+        plot(rows, Path(args.plot))
+        print(f"plot written to {args.plot}")
+    return 0 if all(row.get("value") is not None for row in rows) else 1

@@ -1,0 +1,364 @@
+"""The scenarios of ``router bench`` and the orchestration of their load-generator processes.
+
+A scenario is a list of :class:`Case`; each case builds worker jobs for a system's URLs and turns
+the workers' results (and the server processes' CPU and memory) into one row. Systems run one at a
+time (start, every case, stop) so a baseline never shares the machine with Ray.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psutil
+
+from router.bench import loadgen
+from router.bench.report import cpu_percent, delivery_rate, merged_histogram, percentiles_ms, span_rate
+from router.bench.systems import System, rss_bytes
+
+SCENARIOS = ("fanout", "topics", "p2p", "latency", "connections", "churn")
+
+
+@dataclass
+class Options:
+    subscribers: list[int] = field(default_factory=lambda: [1, 100, 1000])
+    deliveries: int = 1_000_000  # per fanout / topics case
+    messages_s1: int = 200_000  # fanout S=1 publishes (a single subscriber needs more to last)
+    window: int = 1000
+    procs: int = 2  # processes per role
+    topics: int = 100
+    topics_per_subscriber: int = 10
+    topic_subscribers: int = 100
+    topic_publishers: int = 10
+    pairs: int = 20
+    p2p_messages: int = 200_000
+    rate: float = 1000.0
+    latency_seconds: float = 10.0
+    latency_subscribers: int = 100
+    connections: int = 10_000
+    churn_seconds: float = 5.0
+    churn_concurrency: int = 25
+    timeout: float = 120.0
+    idle_s: float = 5.0  # a receiver gives up after this long without a frame
+
+
+@dataclass
+class Case:
+    scenario: str
+    case: str
+    metric: str
+    jobs: Callable[[System], list[tuple[str, dict[str, Any]]]]
+    summarise: Callable[[System, list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
+    memory: bool = False  # measure the servers' RSS before the workers start and once they are ready
+
+
+def _split(items: list, parts: int) -> list[list]:
+    parts = max(1, min(parts, len(items)))
+    return [items[index::parts] for index in range(parts)]
+
+
+def _url(system: System, index: int) -> str:
+    urls = system.urls()
+    return urls[index % len(urls)]
+
+
+# -- rate scenarios ----------------------------------------------------------------------------
+
+def _rate_row(metric: str) -> Callable:
+    def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+        receivers = [r for r in results if r["role"] == "Subscribers"]
+        received, rate = delivery_rate(receivers)
+        expected = sum(r.get("expected", 0) for r in receivers)
+        row = {"value": round(rate), "received": received, "expected": expected}
+        if received < expected:
+            row["notes"] = f"{expected - received:,} of {expected:,} not received"
+        return row
+
+    return summarise
+
+
+def fanout_cases(options: Options) -> list[Case]:
+    cases = []
+    for subscribers in options.subscribers:
+        publishes = options.messages_s1 if subscribers == 1 else max(1, options.deliveries // subscribers)
+        topic = f"fanout/{subscribers}"
+
+        def jobs(system: System, subscribers=subscribers, publishes=publishes, topic=topic):
+            connections = [{"url": _url(system, i), "name": f"bench/s{i}", "topics": [topic]} for i in range(subscribers)]
+            out = [("subscribers", {"connections": group, "expected": len(group) * publishes})
+                   for group in _split(connections, options.procs)]
+            out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/p", "topics": [topic]}],
+                                       "messages": publishes, "window": options.window}))
+            return out
+
+        cases.append(Case("fanout", f"S={subscribers}", "deliveries/s", jobs, _rate_row("deliveries/s")))
+    return cases
+
+
+def topics_cases(options: Options) -> list[Case]:
+    topics = [f"topics/{i}" for i in range(options.topics)]
+    per_topic = options.topic_subscribers * options.topics_per_subscriber // options.topics
+    rounds = max(1, options.deliveries // (per_topic * options.topics * options.topic_publishers))
+    per_publisher = rounds * options.topics  # each publisher cycles over every topic ``rounds`` times
+
+    def jobs(system: System):
+        subscribers = [{"url": _url(system, i), "name": f"bench/s{i}",
+                        "topics": [topics[(i + k * (options.topics // options.topics_per_subscriber)) % options.topics]
+                                   for k in range(options.topics_per_subscriber)]}
+                       for i in range(options.topic_subscribers)]
+        expected_per_topic = per_publisher // options.topics * options.topic_publishers
+        out = [("subscribers", {"connections": group, "expected": sum(len(c["topics"]) for c in group) * expected_per_topic})
+               for group in _split(subscribers, options.procs)]
+        publishers = [{"url": _url(system, i), "name": f"bench/p{i}", "topics": topics[i:] + topics[:i]}
+                      for i in range(options.topic_publishers)]
+        out += [("publishers", {"connections": group, "messages": per_publisher, "window": options.window})
+                for group in _split(publishers, options.procs)]
+        return out
+
+    case = f"{options.topics} topics x {per_topic} subs, {options.topic_publishers} pubs"
+    return [Case("topics", case, "deliveries/s", jobs, _rate_row("deliveries/s"))]
+
+
+def p2p_cases(options: Options) -> list[Case]:
+    per_sender = max(1, options.p2p_messages // options.pairs)
+
+    def jobs(system: System):
+        receivers = [{"url": _url(system, i), "name": f"bench/r{i}", "register": True} for i in range(options.pairs)]
+        senders = [{"url": _url(system, i + 1), "name": f"bench/q{i}", "target": f"bench/r{i}"}
+                   for i in range(options.pairs)]
+        out = [("subscribers", {"connections": group, "expected": len(group) * per_sender})
+               for group in _split(receivers, options.procs)]
+        out += [("publishers", {"connections": group, "messages": per_sender, "window": options.window})
+                for group in _split(senders, options.procs)]
+        return out
+
+    return [Case("p2p", f"{options.pairs} pairs", "messages/s", jobs, _rate_row("messages/s"))]
+
+
+# -- latency -----------------------------------------------------------------------------------
+
+def latency_cases(options: Options) -> list[Case]:
+    messages = int(options.rate * options.latency_seconds)
+
+    def jobs(system: System):
+        connections = [{"url": _url(system, i), "name": f"bench/l{i}", "topics": ["latency"]}
+                       for i in range(options.latency_subscribers)]
+        out = [("subscribers", {"connections": group, "expected": len(group) * messages, "latency": True})
+               for group in _split(connections, options.procs)]
+        out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/lp", "topics": ["latency"]}],
+                                   "messages": messages, "rate": options.rate, "window": options.window}))
+        return out
+
+    def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+        receivers = [r for r in results if r["role"] == "Subscribers"]
+        histogram = merged_histogram(r["histogram"] for r in receivers if r.get("histogram"))
+        figures = percentiles_ms(histogram)
+        expected = sum(r["expected"] for r in receivers)
+        row = {"value": figures["p99_ms"], **figures, "received": sum(r["received"] for r in receivers),
+               "expected": expected}
+        row["notes"] = f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"
+        if row["received"] < expected:
+            row["notes"] += f"; {expected - row['received']:,} not received"
+        return row
+
+    case = f"{options.rate:,.0f} msg/s x {options.latency_subscribers} subs"
+    return [Case("latency", case, "p99_ms", jobs, summarise)]
+
+
+# -- connections and churn ---------------------------------------------------------------------
+
+def connections_cases(options: Options) -> list[Case]:
+    count = options.connections
+
+    def jobs(system: System):
+        connections = [{"url": _url(system, i), "name": f"bench/i{i}"} for i in range(count)]
+        return [("idle", {"connections": group, "concurrency": 50}) for group in _split(connections, options.procs)]
+
+    def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+        opened = sum(r.get("open", 0) for r in results)
+        before, after = measured["rss_before"], measured["rss_after"]
+        per = {role: round((after[role] - before[role]) / max(1, opened)) for role in before}
+        row = {"value": per["server"], "open": opened, "rss_before": before, "rss_after": after,
+               "bytes_per_connection": per}
+        notes = [f"{opened:,} open", f"server RSS {before['server'] / 2**20:,.0f}→{after['server'] / 2**20:,.0f} MiB"]
+        if "shards" in per:
+            notes.append(f"shards {per['shards']:,} B/conn")
+        row["notes"] = ", ".join(notes)
+        return row
+
+    return [Case("connections", f"{count:,} idle", "bytes_per_connection", jobs, summarise, memory=True)]
+
+
+def churn_cases(options: Options) -> list[Case]:
+    def jobs(system: System):
+        return [("churn", {"urls": system.urls(), "seconds": options.churn_seconds, "cycles": 10**9,
+                           "concurrency": options.churn_concurrency}) for _ in range(options.procs)]
+
+    def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+        cycles, rate = span_rate(results, "cycles")
+        errors = sum(r.get("errors", 0) for r in results)
+        return {"value": round(rate), "cycles": cycles, "errors": errors,
+                "notes": f"{cycles:,} cycles" + (f", {errors:,} errors" if errors else "")}
+
+    case = f"{options.procs * options.churn_concurrency} concurrent"
+    return [Case("churn", case, "cycles/s", jobs, summarise)]
+
+
+PLANS: dict[str, Callable[[Options], list[Case]]] = {
+    "fanout": fanout_cases, "topics": topics_cases, "p2p": p2p_cases, "latency": latency_cases,
+    "connections": connections_cases, "churn": churn_cases,
+}
+
+
+# -- orchestration -----------------------------------------------------------------------------
+
+class CpuSampler(threading.Thread):
+    """Cumulative CPU seconds of groups of processes, sampled every ``interval`` seconds, so CPU%
+    is taken over the receivers' busy window only (not over set-up or the final idle wait). A
+    process that exits keeps its last value."""
+
+    def __init__(self, groups: dict[str, list[psutil.Process]], interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.groups, self.interval = groups, interval
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._last: dict[int, float] = {}
+        self._stop_event = threading.Event()
+
+    def _sample(self) -> None:
+        totals = {}
+        for role, processes in self.groups.items():
+            total = 0.0
+            for process in processes:
+                try:
+                    times = process.cpu_times()
+                    self._last[process.pid] = times.user + times.system
+                except psutil.Error:
+                    pass
+                total += self._last.get(process.pid, 0.0)
+            totals[role] = total
+        self.samples.append((time.monotonic(), totals))
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self._sample()
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+        self._sample()
+
+    def percent(self, start: float, end: float) -> dict[str, float]:
+        """CPU% per group between the samples closest inside [start, end] (the whole run if too short)."""
+        inside = [sample for sample in self.samples if start <= sample[0] <= end]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < 0.2:
+            inside = [self.samples[0], self.samples[-1]]
+        (t0, first), (t1, last) = inside[0], inside[-1]
+        return {role: cpu_percent(last[role] - first[role], t1 - t0) for role in first}
+
+
+def _busy_window(results: list[dict[str, Any]], started: float, ended: float) -> tuple[float, float]:
+    """When the work happened: receivers' first→last frame, else workers' start→end, else the run."""
+    received = [r for r in results if r.get("received")]
+    if received:
+        return min(r["first"] for r in received), max(r["last"] for r in received)
+    spans = [r for r in results if "start" in r and "end" in r]
+    if spans:
+        return min(r["start"] for r in spans), max(r["end"] for r in spans)
+    return started, ended
+
+
+def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int] | None) -> dict[str, Any]:
+    """Start the case's workers, wait until all are set up, measure while they run, summarise."""
+    ctx = mp.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    processes = system.server_processes()
+    workers = []
+    rss_before = {role: rss_bytes(group) for role, group in processes.items()} if case.memory else None
+    for index, (role, spec) in enumerate(case.jobs(system)):
+        spec = {**spec, "worker": index, "dialect": system.dialect, "ready_timeout": options.timeout,
+                "timeout": options.timeout, "idle_s": options.idle_s, "cpus": loadgen_cpus}
+        process = ctx.Process(target=loadgen.worker, args=(role, spec, ready, go, results), daemon=True)
+        process.start()
+        workers.append(process)
+    collected: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + options.timeout
+        try:
+            for _ in workers:
+                ready.get(timeout=max(1, deadline - time.monotonic()))
+        except queue.Empty:
+            return {"scenario": case.scenario, "case": case.case, "system": system.name, "metric": case.metric,
+                    "value": None, "notes": f"load generators not set up in {options.timeout:.0f} s"}
+        measured: dict[str, Any] = {}
+        if case.memory:
+            time.sleep(1.0)  # let the servers finish the last set-ups
+            measured["rss_before"] = rss_before
+            measured["rss_after"] = {role: rss_bytes(group) for role, group in processes.items()}
+        delivered_before = system.delivered() if hasattr(system, "delivered") else None
+        groups = {**processes, "loadgen": [psutil.Process(worker.pid) for worker in workers]}
+        sampler = CpuSampler(groups)
+        sampler.start()
+        started = time.monotonic()
+        go.set()
+        deadline = started + options.timeout + 30
+        while len(collected) < len(workers):
+            try:
+                collected.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        wall = time.monotonic() - started
+        sampler.stop()
+    finally:
+        for process in workers:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+    errors = [r["error"] for r in collected if "error" in r]
+    row: dict[str, Any] = {"scenario": case.scenario, "case": case.case, "system": system.name, "metric": case.metric}
+    if len(collected) < len(workers) or errors:
+        row.update(value=None, notes="; ".join(errors[:2]) or f"{len(workers) - len(collected)} workers timed out")
+        return row
+    row.update(case.summarise(system, collected, measured))
+    if delivered_before is not None:  # the gateways' own count of frames written (replies included)
+        row["gateway_frames_written"] = system.delivered() - delivered_before
+    row["loadgen_processes"] = len(workers)
+    if case.memory:  # nothing runs after set-up: CPU would mean nothing
+        return row
+    busy = _busy_window(collected, started, started + wall)
+    cpu = sampler.percent(*busy)
+    row["seconds"] = round(busy[1] - busy[0], 2)
+    row["server_cpu_pct"] = cpu["server"]
+    if "shards" in cpu:
+        row["shards_cpu_pct"] = cpu["shards"]
+    row["loadgen_cpu_pct"] = cpu["loadgen"]
+    return row
+
+
+def run_system(system: System, cases: list[Case], options: Options, progress: Callable[[str], None]) -> list[dict]:
+    """Start ``system``, run every case against it, stop it."""
+    system.start()
+    # A pinned single-process server gets one core; the load generators get the others.
+    pinned = getattr(system, "cpu", None)
+    loadgen_cpus = None
+    if pinned is not None:
+        loadgen_cpus = set(range(psutil.cpu_count())) - {pinned} or None
+    rows = []
+    try:
+        for index, case in enumerate(cases):
+            if case.memory and index > 0:  # memory per connection: on a fresh server, not one grown by earlier cases
+                system.stop()
+                system.start()
+            progress(f"{case.scenario} {case.case}: {system.name} ...")
+            row = run_case(system, case, options, loadgen_cpus)
+            progress(f"{case.scenario} {case.case}: {system.name}: {row.get('value')} {case.metric}"
+                     f"{'  (' + row['notes'] + ')' if row.get('notes') else ''}")
+            rows.append(row)
+    finally:
+        system.stop()
+    return rows

@@ -1,0 +1,227 @@
+"""The systems a benchmark drives: the router (embedded, in this process), the ``raw`` websockets
+server and Redis (subprocesses on loopback). Each knows its URLs, its server processes (for CPU
+and memory) and how to stop without leaving a process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW_SERVER = ROOT / "benchmarks" / "raw_server.py"
+
+
+class Unavailable(Exception):
+    """A baseline's server is not installed here: the harness skips it and says why."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class System:
+    name = ""
+    dialect = ""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def urls(self) -> list[str]:
+        """One URL per gateway / server."""
+        raise NotImplementedError
+
+    def server_processes(self) -> dict[str, list[psutil.Process]]:
+        """Processes whose CPU and memory are reported, by role (``server``; the router adds ``shards``)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"system": self.name}
+
+
+class _Subprocess(System):
+    def __init__(self, cpu: int | None) -> None:
+        self.cpu = cpu
+        self.process: subprocess.Popen | None = None
+
+    def _pin(self) -> None:
+        if self.cpu is not None and self.process is not None:
+            os.sched_setaffinity(self.process.pid, {self.cpu})
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def server_processes(self) -> dict[str, list[psutil.Process]]:
+        return {"server": [psutil.Process(self.process.pid)]}
+
+    def describe(self) -> dict[str, Any]:
+        return {"system": self.name, "pinned_cpu": self.cpu}
+
+
+class RawSystem(_Subprocess):
+    """``benchmarks/raw_server.py``: plain websockets with ``broadcast()``, one process."""
+
+    name = "raw"
+    dialect = "raw"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, str(RAW_SERVER), "--port", "0"],
+                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        line = self.process.stdout.readline()
+        if not line.startswith("listening "):
+            self.stop()
+            raise RuntimeError(f"raw server did not start: {line!r}")
+        self.port = int(line.split()[1])
+        self._pin()
+
+    def urls(self) -> list[str]:
+        return [f"ws://127.0.0.1:{self.port}/"]
+
+
+class RedisSystem(_Subprocess):
+    """Debian's ``redis-server`` on loopback, no persistence; driven over RESP."""
+
+    name = "redis"
+    dialect = "redis"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise Unavailable("redis-server is not installed (Debian: apt-get install redis-server); "
+                              "the redis baseline is skipped")
+        self.port = free_port()
+        self.directory = tempfile.mkdtemp(prefix="router-bench-redis-")
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.directory, "--maxclients", "20000", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready()
+        self._pin()
+
+    def _wait_ready(self) -> None:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                self.version = client.info("server")["redis_version"]
+                client.close()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(getattr(self, "directory", ""), ignore_errors=True)
+
+    def urls(self) -> list[str]:
+        return [f"redis://127.0.0.1:{self.port}"]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "version": getattr(self, "version", None)}
+
+
+class RouterSystem(System):
+    """The router, embedded in this process the way ``router serve`` starts it; Signal Hub."""
+
+    dialect = "signal"
+
+    def __init__(self, gateways: int = 1, shards: int | None = None, eventlog: bool = True,
+                 name: str = "router") -> None:
+        self.gateways, self.shards, self.eventlog, self.name = gateways, shards, eventlog, name
+        self.router = None
+
+    def start(self) -> None:
+        import ray
+
+        from router.config import load_settings
+        from router.runtime import Router
+
+        self.data_dir = tempfile.mkdtemp(prefix="router-bench-")
+        overrides: dict[str, Any] = {}
+        if self.shards:
+            overrides["shards"] = {"session": self.shards, "topic": self.shards, "registry": self.shards}
+        settings = load_settings(
+            port=0, gateways=self.gateways, namespace=f"bench-{os.getpid()}", ray_dashboard=False,
+            data_dir=self.data_dir, analytics={"enabled": self.eventlog}, signal={"rate_limit_per_minute": 1e12},
+            **overrides)
+        self.settings = settings
+        self.router = Router(settings)
+        endpoints = self.router.start()
+        self._urls = [f"ws://127.0.0.1:{listener['port']}/signal" for gateway in endpoints
+                      for listener in gateway["listeners"]]
+        self.gateway_pids = [ray.get(record.actor.stats.remote())["pid"] for record in self.router.gateways]
+        self.shard_pids = [info["pid"] for info in ray.get(
+            [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
+
+    def delivered(self) -> int:
+        """Frames the gateways have written (their own count: a cross-check of the receivers')."""
+        import ray
+
+        return sum(ray.get([record.actor.stats.remote() for record in self.router.gateways], timeout=30)[i]["delivered"]
+                   for i in range(len(self.router.gateways)))
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+        shutil.rmtree(getattr(self, "data_dir", ""), ignore_errors=True)
+
+    def urls(self) -> list[str]:
+        return self._urls
+
+    def server_processes(self) -> dict[str, list[psutil.Process]]:
+        return {"server": [psutil.Process(pid) for pid in self.gateway_pids],
+                "shards": [psutil.Process(pid) for pid in self.shard_pids]}
+
+    def describe(self) -> dict[str, Any]:
+        shards = self.settings.shards
+        return {"system": self.name, "gateways": self.gateways, "eventlog": self.eventlog,
+                "shards": {"session": shards.session, "topic": shards.topic, "registry": shards.registry}}
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def rss_bytes(processes: list[psutil.Process]) -> int:
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total

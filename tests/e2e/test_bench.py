@@ -1,0 +1,40 @@
+"""`router bench` as a user runs it: a tiny fanout against the router and the baselines, checked
+through its JSON result file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUTER = str(Path(sys.executable).with_name("router"))
+
+
+def test_router_bench_fanout_measures_the_router_and_the_baselines(tmp_path):
+    out, picture = tmp_path / "bench-fanout.json", tmp_path / "bench.png"
+    systems = ["raw", "router"] + (["redis"] if shutil.which("redis-server") else [])
+    completed = subprocess.run(
+        [ROUTER, "bench", "fanout", "--subscribers", "10", "--deliveries", "40000", "--systems", ",".join(systems),
+         "--timeout", "40", "--out", str(out), "--plot", str(picture)],
+        cwd=ROOT, capture_output=True, text=True, timeout=150,
+        env={**os.environ, "ROUTER_RAY_DASHBOARD": "false"},
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    result = json.loads(out.read_text())
+    assert result["scenario"] == "fanout" and result["machine"]["cpus"] >= 1
+    rows = {row["system"]: row for row in result["results"]}
+    assert set(rows) == set(systems)
+    for system, row in rows.items():
+        assert row["case"] == "S=10" and row["metric"] == "deliveries/s"
+        assert row["received"] == row["expected"] == 40_000, row
+        assert row["value"] > 0, row
+        # CPU is sampled every 50 ms: over a run this short a figure may round to 0, never be missing.
+        assert row["server_cpu_pct"] >= 0 and row["loadgen_cpu_pct"] >= 0, row
+    assert rows["raw"]["ratio_to_raw"] == 1.0 and rows["router"]["ratio_to_raw"] > 0
+    assert "shards_cpu_pct" in rows["router"]
+    assert picture.stat().st_size > 0
+    assert "fanout" in completed.stdout and "x raw" in completed.stdout

@@ -1,0 +1,128 @@
+"""`router bench`: the pure helpers — rates, percentiles, ratios, the table — and the load
+generator's frame counting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.bench.report import (
+    add_ratios, cpu_percent, delivery_rate, format_table, markdown_table, merged_histogram, percentiles_ms, span_rate,
+    write_json,
+)
+from router.bench.wire import RespClient, Tally, client_frame, count_data_frames, parse_server_frames, resp_command, split_url, stamp
+
+
+def test_delivery_rate_spans_first_to_last_frame_of_all_receivers():
+    results = [{"received": 1000, "first": 10.0, "last": 11.0}, {"received": 3000, "first": 10.5, "last": 12.0},
+               {"received": 0, "first": 0.0, "last": 0.0}]
+    assert delivery_rate(results) == (4000, 2000.0)
+
+
+def test_delivery_rate_without_frames_is_zero():
+    assert delivery_rate([{"received": 0, "first": 0, "last": 0}]) == (0, 0.0)
+    assert delivery_rate([]) == (0, 0.0)
+
+
+def test_span_rate_counts_work_over_the_workers_window():
+    assert span_rate([{"cycles": 50, "start": 1.0, "end": 2.0}, {"cycles": 150, "start": 1.5, "end": 3.0}],
+                     "cycles") == (200, 100.0)
+
+
+def test_percentiles_of_merged_histograms_in_milliseconds():
+    from hdrh.histogram import HdrHistogram
+
+    one, two = HdrHistogram(1, 60_000_000, 3), HdrHistogram(1, 60_000_000, 3)
+    for value in range(1, 1001):  # 1 µs … 1 ms
+        one.record_value(value * 1000)  # 1 ms … 1 s in µs
+    two.record_value(5_000_000)  # one 5 s outlier
+    merged = merged_histogram([one.encode(), two.encode()])
+    figures = percentiles_ms(merged)
+    assert figures["samples"] == 1001
+    assert figures["p50_ms"] == pytest.approx(500, rel=0.01)
+    assert figures["p99_ms"] == pytest.approx(990, rel=0.01)
+    assert figures["max_ms"] == pytest.approx(5000, rel=0.01)
+
+
+def test_ratios_are_to_raw_in_the_same_scenario_and_case():
+    rows = [{"scenario": "fanout", "case": "S=100", "system": "raw", "value": 100_000},
+            {"scenario": "fanout", "case": "S=100", "system": "router", "value": 75_000},
+            {"scenario": "fanout", "case": "S=1", "system": "router", "value": 30_000},
+            {"scenario": "fanout", "case": "S=100", "system": "redis", "value": None}]
+    add_ratios(rows)
+    assert [row["ratio_to_raw"] for row in rows] == [1.0, 0.75, None, None]
+
+
+def test_cpu_percent():
+    assert cpu_percent(1.5, 2.0) == 75.0
+    assert cpu_percent(1.0, 0) == 0.0
+
+
+def test_table_and_markdown_show_every_row(tmp_path):
+    rows = add_ratios([{"scenario": "fanout", "case": "S=1", "system": "raw", "metric": "deliveries/s", "value": 75_000,
+                        "server_cpu_pct": 99.6, "loadgen_cpu_pct": 60.0},
+                       {"scenario": "fanout", "case": "S=1", "system": "router", "metric": "deliveries/s",
+                        "value": 30_000, "server_cpu_pct": 100.0, "shards_cpu_pct": 40.0, "notes": "x"}])
+    table = format_table(rows).splitlines()
+    assert table[0].split()[:3] == ["scenario", "case", "system"]
+    assert "75,000" in table[2] and "100%" in table[2]
+    assert "0.40" in table[3] and "40%" in table[3]
+    markdown = markdown_table(rows).splitlines()
+    assert len(markdown) == 4 and markdown[3].startswith("| fanout | S=1 | router |")
+    write_json(tmp_path / "r" / "out.json", {"results": rows})
+    assert json.loads((tmp_path / "r" / "out.json").read_text())["results"][1]["ratio_to_raw"] == 0.4
+
+
+def test_client_frames_are_masked_with_the_zero_key():
+    assert client_frame(b"hi") == b"\x81\x82\x00\x00\x00\x00hi"
+    long = client_frame(b"x" * 300)
+    assert long[:4] == b"\x81\xfe\x01\x2c" and long[4:8] == b"\x00" * 4 and len(long) == 308
+
+
+def test_server_frames_are_split_by_header_and_a_partial_frame_is_kept():
+    stream = b"\x81\x02hi" + b"\x81\x7e\x01\x00" + b"y" * 256 + b"\x89\x00" + b"\x81\x05ab"
+    frames, consumed = parse_server_frames(stream)
+    assert [(opcode, stream[start:end][:2]) for opcode, start, end in frames] == [(1, b"hi"), (1, b"yy"), (9, b"")]
+    assert consumed == len(stream) - 4  # the last frame is incomplete
+
+
+def test_data_frames_are_counted_and_a_control_frame_defers_to_the_full_parse():
+    data = b"\x81\x02hi" + b"\x82\x7e\x01\x00" + b"y" * 256
+    assert count_data_frames(data + b"\x81\x05ab") == (2, len(data), False)
+    assert count_data_frames(data + b"\x89\x00") == (0, 0, True)
+
+
+def test_latency_stamp_is_parsed_from_any_payload():
+    from hdrh.histogram import HdrHistogram
+
+    tally = Tally(HdrHistogram(1, 60_000_000, 3))
+    payload = b'{"type":"hub:publish","payload":{"message":"' + stamp(1_000_000_000).encode() + b'xxxx"}}'
+    tally.record_stamps(payload, 1_002_000_000)
+    assert tally.latencies == [2000]  # µs
+    assert tally.histogram_now().get_max_value() == pytest.approx(2000, rel=0.01)
+    assert tally.latencies == []
+
+
+def test_resp_command_and_urls():
+    assert resp_command(b"PUBLISH", b"t", b"hello") == b"*3\r\n$7\r\nPUBLISH\r\n$1\r\nt\r\n$5\r\nhello\r\n"
+    assert split_url("ws://127.0.0.1:8080/signal") == ("127.0.0.1", 8080, "/signal")
+    assert split_url("redis://127.0.0.1:6380") == ("127.0.0.1", 6380, "/")
+
+
+def test_resp_replies_are_counted_across_chunk_boundaries():
+    import asyncio
+
+    async def main() -> tuple[int, int]:
+        subscriber, publisher = RespClient(Tally()), RespClient()
+        subscriber.listen("count")
+        publisher.listen("count")
+        push = b"*3\r\n$7\r\nmessage\r\n$5\r\nbench\r\n$3\r\nabc\r\n"
+        stream = push * 3
+        for piece in (stream[:10], stream[10:33], stream[33:70], stream[70:]):  # markers split anywhere
+            subscriber.data_received(piece)
+        for piece in (b":1\r", b"\n:1\r\n:", b"1\r\n"):
+            publisher.data_received(piece)
+        return subscriber.tally.count, publisher.acks
+
+    assert asyncio.run(main()) == (3, 3)
