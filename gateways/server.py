@@ -231,23 +231,6 @@ class Connection(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
-    def send_binary_many(self, payloads: list[bytes]) -> bool:
-        """Several binary messages in one write (one system call instead of one per message)."""
-        ws = self.ws
-        if ws is None or ws.state is not OPEN:
-            return False
-        if self.compressed:
-            for payload in payloads:
-                ws.send_binary(payload)
-            self._write_out(ws.data_to_send())
-            return True
-        parts = []
-        for payload in payloads:
-            parts.append(frame_header(_BINARY, len(payload)))
-            parts.append(payload)
-        self._cork(b"".join(parts))
-        return True
-
     def _send(self, opcode: int, payload: bytes) -> bool:
         return self.send_frame(frame_header(opcode, len(payload)) + payload, opcode, payload)
 

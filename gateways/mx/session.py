@@ -114,9 +114,7 @@ class HubSession(DialectSession):
         self.subscriptions = 0
         self.closed = False
         self.loop = asyncio.get_running_loop()
-        self.out: list[bytes] = []  # frames of this loop turn, written together by _flush
-        self.out_bytes = 0
-        self.out_meta: list[tuple] = []
+        self.accounts: list[tuple] = []  # (meta, bytes) written this loop turn, accounted together
 
     # -- from the consumer ----------------------------------------------------------------------
 
@@ -200,7 +198,7 @@ class HubSession(DialectSession):
     def _can_write(self) -> bool:
         if self.with_acknowledge:
             return self.awaiting is None
-        return self.wire.outbound_bytes() + self.out_bytes < self.config.max_write_buffer_bytes
+        return self.wire.outbound_bytes() < self.config.max_write_buffer_bytes
 
     def _pump(self) -> None:
         queue, dialect = self.queue, self.dialect
@@ -210,28 +208,27 @@ class HubSession(DialectSession):
             self._write(tail, meta)
 
     def _write(self, tail: bytes, meta: tuple | None) -> None:
-        """Frames written in one event-loop turn leave in one socket write (a block's events together)."""
+        """One frame out (the server writes a loop turn's frames together); accounting is grouped."""
         self.counter += 1
         frame = codec.frame_with_tail(self.counter, tail, self.with_acknowledge)
         if self.with_acknowledge:
             self.awaiting = self.counter
             self.sent_at = time.monotonic()
-        if not self.out:
-            self.loop.call_soon(self._flush)
-        self.out.append(frame)
-        self.out_bytes += len(frame)
-        if meta is not None:
-            self.out_meta.append((meta, len(frame)))
-
-    def _flush(self) -> None:
-        frames, self.out, self.out_bytes = self.out, [], 0
-        accounts, self.out_meta = self.out_meta, []
-        if self.closed or not frames:
+        sent = self.wire.send_binary(frame)
+        self.dialect.delivered += 1
+        if meta is None:
             return
-        sent = self.wire.send_binary_many(frames)
-        self.dialect.delivered += len(frames)
+        if not sent:
+            self.gateway.account_delivery(meta, len(frame), self.wire.id, False)
+            return
+        if not self.accounts:
+            self.loop.call_soon(self._flush_accounts)
+        self.accounts.append((meta, len(frame)))
+
+    def _flush_accounts(self) -> None:
+        accounts, self.accounts = self.accounts, []
         if accounts:
-            self._account(accounts, sent)
+            self._account(accounts, True)
 
     def _account(self, accounts: list[tuple], sent: bool) -> None:
         """Metrics and event-log records, one group per block (the frames of a block share its meta)."""

@@ -31,7 +31,7 @@ from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from router.config import NolagConfig
 from router.errors import CommandError, ShardUnavailable
-from router.keys import KeyRecord, KeyStore, pattern_matches
+from router.keys import KeyRecord, KeyStore, month_of, pattern_matches
 from router.ratelimit import TokenBucket
 from router.shardmap import SESSION, TOPIC
 
@@ -126,8 +126,6 @@ class NolagDialect(Dialect):
             return True
         left = self._allowance.get(key.key_id, 0)
         if left <= 0:
-            from router.keys import month_of
-
             remaining = key.monthly_quota - self.keys.usage(key.key_id, month_of(time.time()))
             block = min(100, remaining)
             if block <= 0 or not self.keys.consume(key.key_id, block):
@@ -196,8 +194,6 @@ class NolagSession(DialectSession):
         self.replaying: list | None = None  # live deliveries held while a replay is sent
         self.tasks: set[asyncio.Task] = set()
         self.last_checkpoint = 0.0
-        self.loop = asyncio.get_running_loop()
-        self.out: list[bytes] = []  # frames of this loop turn (see _send)
 
     # -- frames in ------------------------------------------------------------------------------
 
@@ -589,7 +585,6 @@ class NolagSession(DialectSession):
         self._shut(1008, reason)
 
     def _shut(self, code: int, reason: str) -> None:
-        self._flush()  # the frames that explain the close (auth failure, disconnect) go first
         self._release()
         self.wire.close(code, reason)
 
@@ -613,20 +608,9 @@ class NolagSession(DialectSession):
     # -- plumbing -------------------------------------------------------------------------------
 
     def _send(self, frame: bytes) -> bool:
-        """Frames of one event-loop turn leave together, in one socket write (a fan-out burst, a replay)."""
-        if self.wire.writing_paused and self.wire.outbound_bytes() > self.config.max_outbound_bytes:
-            self.wire.dropped += 1
-            return False  # a client this far behind loses deliveries (counted), as in every dialect
-        if not self.out:
-            self.loop.call_soon(self._flush)
-        self.out.append(frame)
-        return True
-
-    def _flush(self) -> None:
-        frames, self.out = self.out, []
-        if frames:
-            self.last_sent = time.monotonic()
-            self.wire.send_binary_many(frames)
+        """The server writes a connection's frames of one loop turn together (``Connection._cork``)."""
+        self.last_sent = time.monotonic()
+        return self.wire.send_binary(frame)
 
     def _ask(self, key: str, command: tuple, on_result: Any, failures: bool = False) -> None:
         shards = self.shards
