@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from websockets.protocol import OPEN
 
 from actors.eventwriter import EventLogWriterActor
-from actors.shards import DELIVER_BINARY, DELIVER_EVENT, DELIVER_TEXT
+from actors.shards import DELIVER_BINARY, DELIVER_EVENT, DELIVER_TEXT, tune_gc
 from gateways.dialect import Dialect, HttpRequest, HttpResponse, HttpRoute
 from gateways.server import Connection, Listener, frame_header
 from gateways.shardclient import DeliverySequencer, ShardClient
@@ -71,8 +71,10 @@ class Gateway:
         shard_handles: dict[str, list[tuple[str, Any]]],
         loop: asyncio.AbstractEventLoop,
         event_writer: Any = None,
+        node_id: str | None = None,
     ) -> None:
         self.id = gateway_id
+        self.node_id = node_id
         self.index = index
         self.settings = settings
         self.loop = loop
@@ -112,6 +114,8 @@ class Gateway:
 
     async def start(self) -> dict[str, Any]:
         """Open the main port (port + index) and each dialect's own port; returns what listens where."""
+        if self.settings.gateway.lanes and self.node_id is not None:
+            await self.shards.open_lanes(self.node_id)
         host = self.settings.host
         routes = [HttpRoute("GET", "/health", self._health)]
         for dialect in self.dialects:
@@ -179,6 +183,7 @@ class Gateway:
                 await dialect.close()
             except Exception:
                 logger.exception("dialect %s: closing failed", dialect.name)
+        self.shards.close()
         if self.events is not None:
             await self.loop.run_in_executor(None, self.events.close)
 
@@ -413,6 +418,7 @@ class GatewayActor:
     def __init__(self, gateway_id: str, index: int, settings: RouterSettings) -> None:
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         _raise_open_file_limit()
+        tune_gc()
         self._gateway_id = gateway_id
         self._index = index
         self._settings = settings
@@ -438,8 +444,10 @@ class GatewayActor:
                 name=f"eventlog-{self._gateway_id}", namespace=settings.namespace, scheduling_strategy=here
             ).remote(str(settings.events_dir), self._gateway_id, analytics.retention_hours)
         self._gateway = Gateway(self._gateway_id, self._index, settings, handles, asyncio.get_running_loop(),
-                                self._event_writer)
-        return await self._gateway.start()
+                                self._event_writer, ray.get_runtime_context().get_node_id())
+        described = await self._gateway.start()
+        gc.freeze()  # what start-up loaded (Ray, pyarrow, the dialects) is never scanned again
+        return described
 
     async def deliver(self, bundle: tuple) -> None:
         self._gateway.deliver(bundle)

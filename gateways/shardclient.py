@@ -17,7 +17,9 @@ import logging
 from collections import deque
 from typing import Any, Callable
 
+from router import lane as lanes
 from router.errors import ShardUnavailable
+from router.lane import LaneClient
 from router.shardmap import shard_index
 
 logger = logging.getLogger(__name__)
@@ -39,9 +41,15 @@ class _Batch:
 
 
 class ShardLink:
-    """The outbox and in-flight batches of one shard actor."""
+    """The outbox and in-flight batches of one shard actor.
 
-    __slots__ = ("name", "handle", "commands", "callbacks", "inflight", "scheduled")
+    Batches go over the shard's lane (``router/lane.py``) when one is open, else as Ray calls. A
+    link changes transport only while nothing is in flight, so the shard still runs its batches
+    in the order they were sent.
+    """
+
+    __slots__ = ("name", "handle", "commands", "callbacks", "inflight", "scheduled", "lane", "next_lane",
+                 "lane_batches", "reconnect")
 
     def __init__(self, name: str, handle: Any) -> None:
         self.name = name
@@ -50,6 +58,10 @@ class ShardLink:
         self.callbacks: list[Callback | None] = []
         self.inflight: deque[_Batch] = deque()
         self.scheduled = False
+        self.lane: LaneClient | None = None
+        self.next_lane: LaneClient | None = None  # connected, waiting for the Ray batches to finish
+        self.lane_batches: deque[_Batch] = deque()  # sent over the lane, in order, not yet answered
+        self.reconnect: asyncio.Task | None = None
 
 
 class ShardClient:
@@ -79,6 +91,10 @@ class ShardClient:
         self.backlogged = False
         self.batches_sent = 0
         self.commands_sent = 0
+        self.lane_batches_sent = 0
+        self.lanes_lost = 0
+        self.node_id: str | None = None  # set by open_lanes: lanes are wanted
+        self.closed = False
 
     # -- addressing -----------------------------------------------------------------------
 
@@ -129,6 +145,8 @@ class ShardClient:
         self._flush(link)
 
     def _flush(self, link: ShardLink) -> None:
+        if link.next_lane is not None and not link.inflight:
+            link.lane, link.next_lane = link.next_lane, None
         while link.commands and len(link.inflight) < self.max_inflight:
             commands, callbacks = link.commands[: self.batch_max], link.callbacks[: self.batch_max]
             del link.commands[: self.batch_max]
@@ -139,29 +157,39 @@ class ShardClient:
             self.commands_sent += len(commands)
             if self.on_batch is not None:
                 self.on_batch(len(commands))
+            lane = link.lane
             try:
-                ref = link.handle.handle.remote(self.gateway_id, commands)
-            except Exception as error:  # the handle itself is unusable
+                if lane is not None:
+                    lane.call(commands)
+                    link.lane_batches.append(batch)
+                    self.lane_batches_sent += 1
+                else:
+                    ref = link.handle.handle.remote(self.gateway_id, commands)
+            except Exception as error:  # unpicklable, or the lane/handle itself is unusable
                 batch.results = ShardUnavailable(f"{link.name}: {error}")
                 batch.done = True
                 self._drain(link)
                 continue
             batch.timer = self.loop.call_later(self.timeout_s, self._timed_out, link, batch)
-            ref.future().add_done_callback(
-                lambda future, link=link, batch=batch: self.loop.call_soon_threadsafe(
-                    self._completed, link, batch, future
+            if lane is None:
+                ref.future().add_done_callback(
+                    lambda future, link=link, batch=batch: self.loop.call_soon_threadsafe(
+                        self._completed, link, batch, future
+                    )
                 )
-            )
 
     # -- receiving ------------------------------------------------------------------------
 
     def _completed(self, link: ShardLink, batch: _Batch, future: Any) -> None:
-        if batch.timer is not None:
-            batch.timer.cancel()
         try:
             results, bundle = future.result()
         except Exception as error:
             results, bundle = ShardUnavailable(f"{link.name} unavailable: {type(error).__name__}"), None
+        self._settle(link, batch, results, bundle)
+
+    def _settle(self, link: ShardLink, batch: _Batch, results: Any, bundle: Any) -> None:
+        if batch.timer is not None:
+            batch.timer.cancel()
         if batch.abandoned:
             # Its callbacks were already told it timed out, but its deliveries still count:
             # the sequencer expects every bundle a shard emits.
@@ -201,7 +229,7 @@ class ShardClient:
             if batch.bundle is not None:
                 self.on_bundle(batch.bundle)
         self._check_backlog()
-        if link.commands:
+        if link.commands or (link.next_lane is not None and not inflight):
             self._flush(link)
 
     def _answer(self, callbacks: list[Callback | None], error: ShardUnavailable) -> None:
@@ -220,12 +248,94 @@ class ShardClient:
             if self.on_backlog is not None:
                 self.on_backlog(False)
 
+    # -- lanes ----------------------------------------------------------------------------
+
+    async def open_lanes(self, node_id: str, timeout_s: float = 30.0) -> int:
+        """Open a lane to every shard (until then, and whenever one is lost, batches go by Ray).
+
+        Returns how many opened now; the others keep trying in the background."""
+        self.node_id = node_id
+        links = [link for kind_links in self.links.values() for link in kind_links]
+        opened = await asyncio.gather(*(self._open_lane(link, timeout_s) for link in links), return_exceptions=True)
+        for link, result in zip(links, opened):
+            if result is not True:
+                logger.warning("lane to %s not open yet (%s); using Ray calls meanwhile", link.name, result)
+                self._reopen(link)
+        return sum(1 for result in opened if result is True)
+
+    async def _open_lane(self, link: ShardLink, timeout_s: float) -> bool:
+        address = await asyncio.wait_for(asyncio.wrap_future(link.handle.open_lane.remote(self.node_id).future()),
+                                         timeout_s)
+
+        def factory() -> LaneClient:
+            return LaneClient(lambda results, bundle: self._lane_reply(link, results, bundle), self.on_bundle,
+                              lambda lane, exc: self._lane_lost(link, lane, exc))
+
+        lane = await asyncio.wait_for(lanes.connect(self.loop, address, self.gateway_id, factory), timeout_s)
+        if self.closed:
+            lane.close()
+            return False
+        link.next_lane = lane
+        if not link.inflight:
+            self._flush(link)
+        return True
+
+    def _lane_reply(self, link: ShardLink, results: Any, bundle: Any) -> None:
+        self._settle(link, link.lane_batches.popleft(), results, bundle)
+
+    def _lane_lost(self, link: ShardLink, lane: LaneClient, exc: Exception | None) -> None:
+        if link.next_lane is lane:
+            link.next_lane = None
+        if link.lane is not lane:
+            return
+        link.lane = None
+        self.lanes_lost += 1
+        failed, link.lane_batches = link.lane_batches, deque()
+        error = ShardUnavailable(f"{link.name}: lane lost")
+        for batch in failed:
+            self._settle(link, batch, error, None)
+        if not self.closed:
+            logger.warning("lane to %s lost (%s); reopening", link.name, exc or "closed")
+            self._reopen(link)
+
+    def _reopen(self, link: ShardLink) -> None:
+        if link.reconnect is not None and not link.reconnect.done():
+            return
+
+        async def retry() -> None:
+            delay = 0.1
+            while not self.closed:
+                try:
+                    if await self._open_lane(link, 30.0):
+                        return
+                except Exception as error:  # the shard is restarting, or gone for now
+                    logger.info("lane to %s: %s; retrying in %.1fs", link.name, type(error).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+        link.reconnect = self.loop.create_task(retry())
+
+    def close(self) -> None:
+        """Stop using lanes (the gateway stops)."""
+        self.closed = True
+        for kind_links in self.links.values():
+            for link in kind_links:
+                if link.reconnect is not None:
+                    link.reconnect.cancel()
+                for lane in (link.lane, link.next_lane):
+                    if lane is not None:
+                        lane.close()
+
     def stats(self) -> dict[str, Any]:
+        links = [link for kind_links in self.links.values() for link in kind_links]
         return {
             "pending": self.pending,
             "batches": self.batches_sent,
             "commands": self.commands_sent,
             "mean_batch": round(self.commands_sent / self.batches_sent, 2) if self.batches_sent else 0.0,
+            "lanes": sum(1 for link in links if link.lane is not None),
+            "lane_batches": self.lane_batches_sent,
+            "lanes_lost": self.lanes_lost,
         }
 
 

@@ -396,7 +396,10 @@ class ShardsConfig(_Section):
 class GatewayConfig(_Section):
     """Gateway tuning: batching to shards, HTTP limits, timeouts."""
 
-    # Commands to one shard are sent as one Ray call; a batch is flushed at this size or on the
+    # Commands and deliveries travel over lanes (one stream per gateway and shard; docs/performance.md);
+    # off: every batch is a Ray call and every delivery to another gateway a Ray call.
+    lanes: bool = True
+    # Commands to one shard travel as one batch; a batch is flushed at this size or on the
     # next event-loop turn, whichever comes first.
     batch_max: int = Field(default=1024, ge=1)
     # Batches in flight to one shard; while they are out, new commands accumulate (larger batches).

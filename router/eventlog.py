@@ -136,10 +136,11 @@ class EventLog:
         started = time.thread_time()
         try:
             if self._remote is not None:
-                # Pickled here, in one C call: Ray's own serializer takes several times longer on
-                # many small tuples. The actor gets bytes, which Ray passes without copying.
-                payload = pickle.dumps((rows, groups), protocol=pickle.HIGHEST_PROTOCOL)
-                self.rows_written, self.files_written = _ray_get(self._remote.write_pickled.remote(payload))
+                # Pickled here: Ray's own serializer takes several times longer on many small
+                # tuples. In slices, letting go of the GIL between them: one pickle call over a
+                # whole flush held it for milliseconds, which the event loop saw as a latency tail.
+                payload = [_pickled_slices(rows, PICKLE_SLICE), _pickled_slices(groups, PICKLE_SLICE)]
+                self.rows_written, self.files_written = _ray_get(self._remote.write_slices.remote(payload))
             else:
                 self.write(rows, groups)
         except Exception:
@@ -265,6 +266,24 @@ def _column(records: list[tuple], position: int) -> list:
 
 def _constant(value: str, count: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(count, dtype=np.int8)), [value]).cast(pa.string())
+
+
+PICKLE_SLICE = 256  # records per pickle call (each well under a millisecond)
+
+
+def _pickled_slices(records: list[tuple], size: int) -> list[bytes]:
+    out = []
+    for start in range(0, len(records), size):
+        out.append(pickle.dumps(records[start:start + size], protocol=pickle.HIGHEST_PROTOCOL))
+        time.sleep(0)  # releases the GIL: the event loop runs between slices
+    return out
+
+
+def unpickle_slices(slices: list[bytes]) -> list[tuple]:
+    records: list[tuple] = []
+    for part in slices:
+        records.extend(pickle.loads(part))
+    return records
 
 
 def _ray_get(ref: Any) -> Any:

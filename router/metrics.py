@@ -2,7 +2,9 @@
 
 Ray exports them with a ``ray_`` prefix (``ray_router_messages_in_total``, ...). Recording into Ray
 costs a few microseconds per call, so the hot path counts in plain integers and pushes the deltas
-about once a second; latency is observed at most once per millisecond.
+about once a second; histograms get a sample: latency at most every 10 ms, batch sizes at most
+``SAMPLES_PER_PUSH`` evenly spread ones per push (a thousand observations at once held the event
+loop for milliseconds, seen as a latency tail).
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from ray.util.metrics import Counter, Gauge, Histogram
 
 LATENCY_BOUNDARIES = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
 BATCH_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+LATENCY_EVERY_S = 0.01
+SAMPLES_PER_PUSH = 64
+
+
+def spread_sample(values: list[int], limit: int = SAMPLES_PER_PUSH) -> list[int]:
+    """At most ``limit`` values, evenly spread over ``values``."""
+    if len(values) <= limit:
+        return values
+    step = len(values) / limit
+    return [values[int(i * step)] for i in range(limit)]
 
 _GATEWAY_TAGS = ("gateway", "dialect")
 
@@ -54,7 +66,7 @@ class GatewayMetrics:
     # -- hot path -------------------------------------------------------------------------
 
     def latency(self, dialect: str, seconds: float, now: float) -> None:
-        if now - self._last_latency >= 0.001:
+        if now - self._last_latency >= LATENCY_EVERY_S:
             self._last_latency = now
             self._latency.observe(seconds, tags={"gateway": self.gateway_id, "dialect": dialect})
 
@@ -81,8 +93,9 @@ class GatewayMetrics:
                 self._push(counter, (name, dialect, reason), total,
                            {"gateway": gateway, "dialect": dialect, "reason": reason})
         batches, self._batches = self._batches, []
-        for size in batches[-1000:]:
-            self._batch.observe(size, tags={"gateway": gateway})
+        tags = {"gateway": gateway}
+        for size in spread_sample(batches):
+            self._batch.observe(size, tags=tags)
 
     def _push(self, counter: Counter, key: tuple, total: int, tags: dict[str, str]) -> None:
         delta = total - self._pushed.get(key, 0)
@@ -111,5 +124,5 @@ class ShardMetrics:
             self._last_push = now
             sizes, self._sizes = self._sizes, []
             self._commands.inc(sum(sizes), tags=self._tags)
-            for observed in sizes[-1000:]:  # a recording costs microseconds: bound the work per second
+            for observed in spread_sample(sizes):  # a recording costs microseconds: bound the work
                 self._batch.observe(observed, tags=self._tags)

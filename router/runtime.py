@@ -65,8 +65,11 @@ class Router:
         if settings.ray_address:
             ray.init(address=settings.ray_address, **options)
         else:
-            # "local": always a new Ray on this machine, even if another one runs here.
-            ray.init(address="local", include_dashboard=settings.ray_dashboard, **options)
+            # "local": always a new Ray on this machine, even if another one runs here. Ray starts
+            # its workers at niceness 15, below everything else on the machine; the gateways and
+            # shards are the server, so they run at the normal priority (docs/performance.md).
+            ray.init(address="local", include_dashboard=settings.ray_dashboard,
+                     _system_config={"worker_niceness": 0}, **options)
         self._owns_ray = True
 
     def _start_shards(self) -> None:

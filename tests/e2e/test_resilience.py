@@ -101,6 +101,14 @@ def test_a_dead_gateway_is_replaced_on_its_port_and_the_shards_forget_it(fragile
     run(after())
 
 
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0]  # T when stopped
+    except OSError as error:
+        return str(error)
+
+
 def test_a_stalled_shard_answers_timeout_then_recovers(fragile):
     shard = fragile.router.shards["registry"][0]
     pid = ray.get(shard.info.remote())["pid"]
@@ -112,12 +120,15 @@ def test_a_stalled_shard_answers_timeout_then_recovers(fragile):
             started = time.monotonic()
             reply = await client.request("hub:discover", {}, correlationId="slow")
             waited = time.monotonic() - started
+            state = _state(pid)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert reply == {"type": "hub:error", "from": "cloudflare/signal-hub", "to": "res/patient",
                          "payload": {"code": "timeout", "message": "hub:discover timed out; retry with backoff",
                                      "details": {"timeoutMs": 1000}},
-                         "correlationId": "slow"}
+                         "correlationId": "slow"}, (
+            f"after {waited:.3f}s; shard {pid} in state {state}; gateway: "
+            f"{ray.get(fragile.router.gateways[0].actor.stats.remote())['shard_client']}")
         assert 0.9 <= waited < 5
         recovered = await client.request("hub:discover", {})
         assert recovered["type"] == "hub:discovery_result"

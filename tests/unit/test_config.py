@@ -56,6 +56,7 @@ def test_defaults(tmp_path):
     assert settings.log_level == "INFO"
     assert settings.shards.model_dump() == {"session": 2, "topic": 2, "registry": 2, "document": 2, "query": 2}
     assert settings.gateway.model_dump() == {
+        "lanes": True,
         "batch_max": 1024,
         "max_inflight_batches": 4,
         "max_pending_commands": 200_000,
