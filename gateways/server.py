@@ -218,11 +218,11 @@ class Connection(asyncio.Protocol):
         """
         corked = self._corked
         if not corked:
-            self.gateway.loop.call_soon(self._uncork)
+            self.gateway.cork(self)
         corked.append(frame)
         self._corked_bytes += len(frame)
 
-    def _uncork(self) -> None:
+    def uncork(self) -> None:
         corked = self._corked
         if not corked:
             return
@@ -312,7 +312,7 @@ class Connection(asyncio.Protocol):
 
     def _write_out(self, chunks: list[bytes]) -> None:
         if self._corked:
-            self._uncork()  # control frames (pong, close) never overtake data frames
+            self.uncork()  # control frames (pong, close) never overtake data frames
         transport = self.transport
         for chunk in chunks:
             if chunk:
