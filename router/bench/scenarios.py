@@ -354,6 +354,7 @@ def run_system(system: System, cases: list[Case], options: Options, progress: Ca
             if case.memory and index > 0:  # memory per connection: on a fresh server, not one grown by earlier cases
                 system.stop()
                 system.start()
+            system.settle()
             progress(f"{case.scenario} {case.case}: {system.name} ...")
             row = run_case(system, case, options, loadgen_cpus)
             progress(f"{case.scenario} {case.case}: {system.name}: {row.get('value')} {case.metric}"

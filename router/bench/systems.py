@@ -51,6 +51,9 @@ class System:
     def describe(self) -> dict[str, Any]:
         return {"system": self.name}
 
+    def settle(self) -> None:
+        """Before a case: let background work left by the previous case finish (nothing by default)."""
+
 
 class _Subprocess(System):
     def __init__(self, cpu: int | None) -> None:
@@ -179,6 +182,13 @@ class RouterSystem(System):
         self.gateway_pids = [ray.get(record.actor.stats.remote())["pid"] for record in self.router.gateways]
         self.shard_pids = [info["pid"] for info in ray.get(
             [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
+
+    def settle(self) -> None:
+        """Write what the event log holds from the previous case, so its conversion (seconds of
+        CPU after millions of deliveries) does not run during the next case."""
+        import ray
+
+        ray.get([record.actor.flush_events.remote() for record in self.router.gateways], timeout=600)
 
     def delivered(self) -> int:
         """Frames the gateways have written (their own count: a cross-check of the receivers')."""
