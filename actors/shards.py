@@ -42,6 +42,7 @@ from router.config import RouterSettings
 from router.errors import CommandError
 from router.lane import LaneServer
 from router.metrics import ShardMetrics
+from router.proc import tune_gc
 from router.keys import pattern_matches
 from router.patterns import PatternError, compile_pattern
 from router.shardmap import REGISTRY, SESSION, TOPIC, gateway_name, shard_name
@@ -61,18 +62,6 @@ MX_ALL = 2  # block txs / scrs: connections with an "All" filter
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def tune_gc() -> None:
-    """Collect less often than Python's default (every 700 net allocations of containers).
-
-    A router process allocates a few short-lived tuples and closures per message; with the default
-    thresholds the cyclic collector ran thousands of times a second and full collections walked
-    every buffered record (py-spy: a third of a gateway's CPU at 20,000 messages/s). Almost nothing
-    here forms reference cycles, so fewer, larger collections lose nothing. Objects loaded at start
-    are frozen out of the scans (``gc.freeze``) by the caller once it is ready.
-    """
-    gc.set_threshold(50_000, 20, 100)
 
 
 class ShardBase:

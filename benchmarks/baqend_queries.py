@@ -27,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router.bench.report import write_json  # noqa: E402
+
 
 async def bench(args: argparse.Namespace, port: int) -> dict:
     import aiohttp
@@ -150,8 +152,7 @@ def main() -> None:
     result.update(document_shards=args.document_shards, query_shards=args.query_shards, eventlog=args.eventlog,
                   cpus=os.cpu_count())
     print(json.dumps(result, indent=2))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(Path(args.out), result)
 
 
 if __name__ == "__main__":

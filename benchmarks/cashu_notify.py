@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -24,16 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router.bench.report import write_json  # noqa: E402
+from router.proc import new_event_loop  # noqa: E402
+
 API_KEY = "bench-feed-key"
 
-
-def _loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 def _wallets(url: str, plan: list[list[str]], expected: int, ready, result, timeout_s: float) -> None:
@@ -84,7 +77,7 @@ def _wallets(url: str, plan: list[list[str]], expected: int, ready, result, time
         for ws in connections:
             await ws.close()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 async def _until(condition) -> None:
@@ -118,7 +111,7 @@ def _pusher(http_url: str, quotes: list[str], rounds: int, batch: int, concurren
             await asyncio.gather(*(send(states) for states in bodies))
         done.set()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def run(args: argparse.Namespace, data_dir: str) -> dict:
@@ -206,10 +199,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="router-bench-") as data_dir:
         row = run(args, data_dir)
     print("  ".join(f"{k}={v}" for k, v in row.items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=2))
-    print(f"written to {out}")
+    write_json(Path(args.out), row)
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -23,14 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router.bench.report import write_json  # noqa: E402
+from router.proc import new_event_loop  # noqa: E402
 
-def _loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 def _consumers(url: str, filters: list[tuple], end_hash: str, ready, result, timeout_s: float) -> None:
@@ -70,7 +64,7 @@ def _consumers(url: str, filters: list[tuple], end_hash: str, ready, result, tim
         for ws in connections:
             await ws.close()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def _node(url: str, blocks: int, transactions: int, seed: int, start, result) -> None:
@@ -93,7 +87,7 @@ def _node(url: str, blocks: int, transactions: int, seed: int, start, result) ->
                 assert reply.type == node.ACK and reply.counter == counter
             result.put({"began": began, "pushed": time.time() - began})
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def plan(consumers: int, seed: int, transactions: int) -> list[tuple]:
@@ -185,10 +179,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="router-bench-") as data_dir:
         row = run(args, data_dir)
     print("  ".join(f"{k}={v}" for k, v in row.items()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=2))
-    print(f"written to {out}")
+    write_json(Path(args.out), row)
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

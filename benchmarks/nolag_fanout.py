@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -23,16 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router.bench.report import write_json  # noqa: E402
+from router.proc import new_event_loop  # noqa: E402
+
 TOPIC = "bench/room/fanout"
 
-
-def _loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 async def _open(url: str, token: str, qos: int):
@@ -78,7 +72,7 @@ def _subscribers(url: str, tokens: list[str], qos: int, expected: int, ready, re
         for ws in connections:
             await ws.close()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def _publisher(url: str, token: str, qos: int, messages: int, window: int, start, result) -> None:
@@ -110,7 +104,7 @@ def _publisher(url: str, token: str, qos: int, messages: int, window: int, start
         result.put({"began": began})
         await ws.close()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def run(args: argparse.Namespace, qos: int, data_dir: str) -> dict:
@@ -180,10 +174,8 @@ def main() -> None:
             row = run(args, qos, data_dir)
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
         rows.append(row)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
-    print(f"written to {out}")
+    write_json(Path(args.out), rows)
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -25,17 +25,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router.proc import new_event_loop  # noqa: E402
+
 HUB = "cloudflare/signal-hub"
 BODY = "x" * 40  # with the envelope, about 100-byte messages
 
-
-def _loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
 
 
 async def _open(url: str, address: str, register: bool = False, topic: str | None = None):
@@ -72,7 +66,7 @@ def _receivers(url: str, count: int, per_connection: int, mode: str, ready, resu
         for ws in clients:
             await ws.close()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def _sender(url: str, messages: int, mode: str, window: int, ready, done) -> None:
@@ -99,7 +93,7 @@ def _sender(url: str, messages: int, mode: str, window: int, ready, done) -> Non
         done.set()
         await ws.close()
 
-    _loop().run_until_complete(main())
+    new_event_loop().run_until_complete(main())
 
 
 def run_rate(send_url: str, recv_url: str, mode: str, subscribers: int, messages: int,
@@ -154,7 +148,7 @@ def run_latency(send_url: str, recv_url: str, samples: int) -> dict:
         return {"scenario": "latency", "send_p50_ms": round(q(one_way, n=100)[49], 3),
                 "send_p99_ms": round(q(one_way, n=100)[98], 3), "heartbeat_rtt_p50_ms": round(q(heartbeat, n=100)[49], 3)}
 
-    return _loop().run_until_complete(main())
+    return new_event_loop().run_until_complete(main())
 
 
 def measure(args: argparse.Namespace, eventlog: bool, data_dir: str) -> tuple[dict, list[dict]]:

@@ -80,6 +80,13 @@ class Wire(Protocol):
 class DialectSession(ABC):
     """Per-connection state machine of a dialect."""
 
+    def __init__(self, dialect: "Dialect", wire: Wire) -> None:
+        self.dialect = dialect
+        self.config = dialect.config
+        self.wire = wire
+        self.gateway = dialect.gateway
+        self.shards = dialect.gateway.shards
+
     @abstractmethod
     def on_message(self, data: bytes, is_text: bool) -> None:
         """A complete WebSocket message arrived (text already checked to be UTF-8)."""

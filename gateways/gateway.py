@@ -20,13 +20,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from websockets.protocol import OPEN
 
 from actors.eventwriter import EventLogWriterActor
-from actors.shards import DELIVER_BINARY, DELIVER_EVENT, DELIVER_TEXT, tune_gc
+from actors.shards import DELIVER_EVENT, DELIVER_TEXT
 from gateways.dialect import Dialect, HttpRequest, HttpResponse, HttpRoute
 from gateways.server import Connection, Listener, frame_header
 from gateways.shardclient import DeliverySequencer, ShardClient
 from router.config import RouterSettings
 from router.eventlog import EventLog
 from router.metrics import GatewayMetrics
+from router.proc import raise_open_file_limit, tune_gc
 from router.shardmap import shard_kinds, shard_name
 
 logger = logging.getLogger(__name__)
@@ -416,25 +417,13 @@ class Gateway:
         }
 
 
-def _raise_open_file_limit() -> None:
-    """Each connection is a file descriptor; take the hard limit so 10,000s of clients fit."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ImportError, ValueError, OSError):
-        logger.warning("could not raise the open-file limit")
-
-
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
 class GatewayActor:
     """Thin Ray wrapper: runs a :class:`Gateway` on the actor's event loop."""
 
     def __init__(self, gateway_id: str, index: int, settings: RouterSettings) -> None:
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        _raise_open_file_limit()
+        raise_open_file_limit()
         tune_gc()
         self._gateway_id = gateway_id
         self._index = index

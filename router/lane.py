@@ -32,6 +32,8 @@ import struct
 import threading
 from typing import Any, Callable
 
+from router.proc import new_event_loop
+
 logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
@@ -81,14 +83,6 @@ class FrameReader:
             del buffer[:position]
         return frames
 
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.new_event_loop()
 
 
 # -- the shard's side ----------------------------------------------------------------------------
@@ -152,7 +146,7 @@ class LaneServer:
         self.secret = secrets.token_bytes(SECRET_BYTES)
         self.refused = 0
         self._lanes: dict[str, _ServerLane] = {}
-        self._loop = _new_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"lane-{name}", daemon=True)
         self._thread.start()
         self._unix_path: str | None = None

@@ -195,11 +195,7 @@ class _Subscription:
 
 class BaqendSession(DialectSession):
     def __init__(self, dialect: BaqendDialect, wire: Wire) -> None:
-        self.dialect = dialect
-        self.config = dialect.config
-        self.wire = wire
-        self.gateway = dialect.gateway
-        self.shards = dialect.gateway.shards
+        super().__init__(dialect, wire)
         self.subs: dict[str, _Subscription] = {}
         self.by_key: dict[str, _Subscription] = {}
         self.closed = False

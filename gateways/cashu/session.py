@@ -169,11 +169,7 @@ class _Subscription:
 
 class CashuSession(DialectSession):
     def __init__(self, dialect: CashuDialect, wire: Wire) -> None:
-        self.dialect = dialect
-        self.config = dialect.config
-        self.wire = wire
-        self.gateway = dialect.gateway
-        self.shards = dialect.gateway.shards
+        super().__init__(dialect, wire)
         self.subs: dict[str, _Subscription] = {}
         self.by_key: dict[str, dict[str, _Subscription]] = {}
         self.filters = 0

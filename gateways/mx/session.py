@@ -99,13 +99,8 @@ class MxHubDialect(Dialect):
 
 class HubSession(DialectSession):
     def __init__(self, dialect: MxHubDialect, wire: Wire) -> None:
-        self.dialect = dialect
-        self.config = dialect.config
-        self.wire = wire
-        self.gateway = dialect.gateway
-        shards = dialect.gateway.shards
-        self.shards = shards
-        self.link = shards.link(TOPIC, connection_key(dialect.gateway.id, wire.id))
+        super().__init__(dialect, wire)
+        self.link = self.shards.link(TOPIC, connection_key(dialect.gateway.id, wire.id))
         self.with_acknowledge = wants_acknowledge(wire.query, self.config.with_acknowledge)
         self.counter = 0
         self.awaiting: int | None = None  # counter of the PAYLOAD waiting for its ACK

@@ -169,11 +169,7 @@ class _Subscription:
 
 class NolagSession(DialectSession):
     def __init__(self, dialect: NolagDialect, wire: Wire) -> None:
-        self.dialect = dialect
-        self.config = dialect.config
-        self.wire = wire
-        self.gateway = dialect.gateway
-        self.shards = dialect.gateway.shards
+        super().__init__(dialect, wire)
         self.opened = time.monotonic()
         self.last_sent = self.opened
         self.key: KeyRecord | None = None

@@ -81,12 +81,8 @@ class SignalHubDialect(Dialect):
 
 class SignalSession(DialectSession):
     def __init__(self, dialect: SignalHubDialect, wire: Wire) -> None:
-        self.dialect = dialect
-        self.config = dialect.config
+        super().__init__(dialect, wire)
         self.hub = dialect.hub
-        self.wire = wire
-        self.gateway = dialect.gateway
-        self.shards = dialect.gateway.shards
         self._seq = 0
         self._t0 = 0
         self._current_meta: tuple | None = None

@@ -12,32 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import resource
 import time
 from typing import Any
 
 from router.bench.wire import (
     COUNT, LATENCY, RespClient, Tally, WsClient, open_resp, open_ws, resp_command, stamp,
 )
+from router.proc import new_event_loop, raise_open_file_limit
 
 HUB = "cloudflare/signal-hub"
 PAYLOAD_BYTES = 100  # the size of a delivered message on every system
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover
-        return asyncio.new_event_loop()
-
-
-def raise_open_file_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 # -- dialects ----------------------------------------------------------------------------------
@@ -196,7 +180,7 @@ def _run_worker(role, spec: dict[str, Any], ready, go, results) -> None:
         return {**result, "cpu_s": time.process_time() - cpu}
 
     try:
-        result = _loop().run_until_complete(main())
+        result = new_event_loop().run_until_complete(main())
     except BaseException as error:  # report it: the orchestrator must not wait for a dead worker
         result = {"error": f"{type(error).__name__}: {error}"}
         ready.put(spec["worker"])

@@ -128,7 +128,8 @@ def document(scenario: str, options: dict[str, Any], systems: list[dict[str, Any
             "skipped": skipped, "results": rows}
 
 
-def write_json(path: Path, content: dict[str, Any]) -> None:
+def write_json(path: Path, content: Any) -> None:
+    """A result file (its folder made if needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(content, indent=2, default=str))
 
