@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test install check-java clean
+.PHONY: serve test install check-java check-node clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ check-java:
 serve: install check-java
 	$(BIN)/router serve $(ARGS)
 
-test: install check-java
+check-node:
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+	  echo "Node.js and npm were not found on PATH: the tests that run the real JavaScript SDKs"; \
+	  echo "(cashu-ts, baqend, protobufjs) will fail. Install Node.js 18+ with npm."; }
+
+test: install check-java check-node
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:

@@ -18,7 +18,9 @@ def node_project(name: str, packages: list[str], scripts: list[str]) -> Path:
     Installed under ``.venv/js/<name>`` (outside git) and reused while the package list is the same.
     """
     if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are not installed: the real JavaScript client cannot run here")
+        # Not a skip: the real SDKs working unchanged is part of what the suite proves.
+        pytest.fail("node and npm are needed: these tests run the real JavaScript SDKs "
+                    "(install Node.js 18+ with npm, e.g. Debian's nodejs and npm packages)")
     project = ROOT / ".venv" / "js" / name
     stamp = project / ".installed"
     wanted = "\n".join(packages)
