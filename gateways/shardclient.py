@@ -285,7 +285,12 @@ class ShardClient:
 
     def _lane_lost(self, link: ShardLink, lane: LaneClient, exc: Exception | None) -> None:
         if link.next_lane is lane:
+            # Lost before it took over from Ray calls: nothing went over it; open another.
             link.next_lane = None
+            self.lanes_lost += 1
+            if not self.closed:
+                self._reopen(link)
+            return
         if link.lane is not lane:
             return
         link.lane = None

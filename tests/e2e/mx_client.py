@@ -8,6 +8,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from gateways.mx import codec, generator, node
+from gateways.mx.bech32 import encode_address
 from gateways.mx.pb import mx_hub_pb2
 
 
@@ -31,6 +32,14 @@ class Consumer:
         if with_acknowledge:
             frame = await self.frame()
             assert (frame.type, frame.counter, frame.topic, frame.payload) == (codec.ACK, self.counter, "", b"")
+
+    async def barrier(self) -> None:
+        """Wait until every frame sent so far on this connection has reached its topic shard.
+
+        An acknowledged subscribe to an address no generated block uses: the connection's filters go to
+        one shard, in order, so its ACK comes after every earlier (unacknowledged) subscribe is in place.
+        """
+        await self.subscribe("Address", encode_address(bytes(32)))
 
     async def frame(self, timeout: float = 10) -> mx_hub_pb2.WsMessage:
         data = await asyncio.wait_for(self.ws.recv(), timeout)

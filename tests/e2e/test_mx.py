@@ -68,7 +68,12 @@ _seed = iter(range(1000, 100_000))
 
 
 def block(transactions: int = 25):
-    return generator.generate_save_block(next(_seed), transactions=transactions)
+    """A generated block with events, a block_txs and a block_scrs frame (some seeds draw no SCR)."""
+    while True:
+        saved = generator.generate_save_block(next(_seed), transactions=transactions)
+        normalized = node.normalize_save_block(saved)
+        if normalized.events and normalized.txs.txs and normalized.scrs.scrs:
+            return saved
 
 
 def test_each_match_level_selects_exactly_its_events(mx):
@@ -117,6 +122,7 @@ def test_events_carry_the_normalised_fields_and_counters_increase(mx):
         normalized = node.normalize_save_block(saved)
         consumer = await Consumer.open(consumer_url)
         await consumer.subscribe("All", with_acknowledge=False)
+        await consumer.barrier()  # no ACK for that subscribe: wait until it is in place
         feeder = await Node.open(node_url)
         await feeder.save(saved)
         await feeder.revert(saved)
@@ -217,6 +223,7 @@ def test_slow_consumer_is_closed_at_max_depth_while_a_fast_one_keeps_receiving(m
         fast = await Consumer.open(consumer_url)
         await slow.subscribe("All")
         await fast.subscribe("All", with_acknowledge=False)
+        await fast.barrier()  # no ACK for that subscribe: wait until it is in place
         feeder = await Node.open(node_url)
         blocks = [block(8) for _ in range(4)]
         expected = sum(len(node.normalize_save_block(b).events) + 2 for b in blocks)
@@ -242,6 +249,7 @@ def test_node_frames_gogo_and_json_duplicates_and_ignored_topics(mx):
     async def scenario():
         consumer = await Consumer.open(consumer_url)
         await consumer.subscribe("All", with_acknowledge=False)
+        await consumer.barrier()  # no ACK for that subscribe: wait until it is in place
         saved = block(4)
         events = node.normalize_save_block(saved).events
         json_node = await Node.open(node_url, marshaller=node.JSON)

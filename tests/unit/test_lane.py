@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import socket
 import struct
 import threading
+import types
 
 import pytest
 
@@ -153,3 +155,67 @@ def test_closing_the_server_ends_the_lanes():
             client.call([("op", 2)])
 
     asyncio.run(scenario())
+
+
+class _RayMethod:
+    """``actor.method.remote(...)`` as the shard client uses it: a ref whose ``future()`` is awaited."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.calls: list[tuple] = []
+        self.futures: list[concurrent.futures.Future] = []
+
+    def remote(self, *args):
+        self.calls.append(args)
+        future = concurrent.futures.Future()
+        self.futures.append(future)
+        if self.answer is not None:
+            future.set_result(self.answer(*args))
+        return types.SimpleNamespace(future=lambda: future)
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_lost_before_that():
+    from gateways.shardclient import ShardClient
+
+    shard = _Shard()
+    server = shard.server = lane.LaneServer("topic-shard-3", shard.execute)
+    address = ("unix", server.unix_address(), server.secret)
+    handle = types.SimpleNamespace(open_lane=_RayMethod(lambda node_id: address), handle=_RayMethod(None))
+    try:
+        async def scenario():
+            client = ShardClient("gw-1", {"topic": [("topic-shard-3", handle)]}, asyncio.get_running_loop(),
+                                 on_bundle=lambda bundle: None, batch_max=100, max_inflight=4, timeout_s=30)
+            link = client.links["topic"][0]
+            answers: list = []
+            client.send(link, ("op", 1), answers.append)
+            await _until(lambda: handle.handle.calls)  # no lane yet: a Ray call, left unanswered
+            assert await client.open_lanes("node-a") == 1
+            assert link.lane is None and link.next_lane is not None  # waits for the Ray call
+            await _until(lambda: server.connected() == ["gw-1"])
+
+            server.drop("gw-1")  # lost before it carried anything
+            await _until(lambda: client.lanes_lost == 1)
+            await _until(lambda: link.next_lane is not None and link.next_lane.open)
+            assert len(handle.open_lane.calls) == 2 and link.lane is None
+
+            assert handle.handle.calls == [("gw-1", [("op", 1)])]
+            handle.handle.futures[0].set_result(([("op", 1)], None))  # the Ray call answers
+            await _until(lambda: answers == [("op", 1)])
+            assert link.lane is not None and link.next_lane is None
+
+            client.send(link, ("op", 2), answers.append)
+            await _until(lambda: len(answers) == 2)
+            assert answers[1] == ("op", 2) and client.lane_batches_sent == 1
+            assert len(handle.handle.calls) == 1  # the second batch went over the lane
+            client.close()
+
+        asyncio.run(scenario())
+    finally:
+        server.close()
