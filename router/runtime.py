@@ -30,6 +30,12 @@ from router.shardmap import ALL_SHARD_KINDS, gateway_name, shard_kinds, shard_na
 
 logger = logging.getLogger(__name__)
 
+# A local Ray's settings. Ray starts its workers at niceness 15, below everything else on the
+# machine; the gateways and shards are the server, so they run at the normal priority
+# (docs/performance.md). At 15, two busy processes beside the router made it start in 140 s
+# instead of 17 s.
+LOCAL_RAY_SYSTEM_CONFIG = {"worker_niceness": 0}
+
 
 @dataclass
 class GatewayRecord:
@@ -65,11 +71,9 @@ class Router:
         if settings.ray_address:
             ray.init(address=settings.ray_address, **options)
         else:
-            # "local": always a new Ray on this machine, even if another one runs here. Ray starts
-            # its workers at niceness 15, below everything else on the machine; the gateways and
-            # shards are the server, so they run at the normal priority (docs/performance.md).
+            # "local": always a new Ray on this machine, even if another one runs here.
             ray.init(address="local", include_dashboard=settings.ray_dashboard,
-                     _system_config={"worker_niceness": 0}, **options)
+                     _system_config=LOCAL_RAY_SYSTEM_CONFIG, **options)
         self._owns_ray = True
 
     def _start_shards(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 import ray
 
 from router.config import ALL_SIGNAL_CAPABILITIES, load_settings
-from router.runtime import Router
+from router.runtime import LOCAL_RAY_SYSTEM_CONFIG, Router
 
 SECRET = "e2e-secret-" + "0123456789abcdef" * 4
 
@@ -69,7 +69,8 @@ def make_token(actor: str, capabilities: list[str] | None = None, expires_in: fl
 
 @pytest.fixture(scope="session")
 def ray_runtime() -> str:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tests", logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tests", logging_level=logging.WARNING,
+             _system_config=LOCAL_RAY_SYSTEM_CONFIG)  # as the embedded router starts it
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
