@@ -1,4 +1,5 @@
-"""Lanes (router/lane.py): framing, the hello, replies in order, pushes, and a broken peer."""
+"""Lanes (router/lane.py): framing, the hello, replies in order, pushes, a broken peer; and the shard
+client's move from Ray calls to a lane (gateways/shardclient.py)."""
 
 from __future__ import annotations
 
