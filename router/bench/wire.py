@@ -173,6 +173,14 @@ class _Stream(asyncio.Protocol):
         if self._writable is not None:
             await self._writable
 
+    def _counted(self, messages: int) -> None:
+        """``messages`` arrived in a counting mode: a receiver tallies them, a publisher counts acks."""
+        if self.tally is not None:
+            self.tally.add(messages, time.monotonic())
+        else:
+            self.acks += messages
+            self._progress(self.acks)
+
     def _progress(self, value: int) -> None:
         waiter = self._waiter
         if waiter is not None and value >= waiter[0] and not waiter[1].done():
@@ -258,11 +266,8 @@ class WsClient(_Stream):
         if data_frames:
             if mode == CONTROL:
                 self._progress(len(self.inbox))
-            elif self.tally is not None:
-                self.tally.add(data_frames, time.monotonic())
             else:
-                self.acks += data_frames
-                self._progress(self.acks)
+                self._counted(data_frames)
 
     def send(self, text: bytes) -> None:
         self.transport.write(client_frame(text))
@@ -338,11 +343,8 @@ class RespClient(_Stream):
         if mode == CONTROL:
             self.inbox.extend([b""] * found)
             self._progress(len(self.inbox))
-        elif self.tally is not None:
-            self.tally.add(found, time.monotonic())
         else:
-            self.acks += found
-            self._progress(self.acks)
+            self._counted(found)
 
     def listen(self, mode: str) -> None:
         """After set-up: count ``message`` pushes (a subscriber) or integer replies (a publisher)."""
