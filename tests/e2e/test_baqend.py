@@ -587,7 +587,8 @@ def test_the_baqend_sdk_writes_over_rest_and_follows_event_and_result_streams(ba
         [f"{keys[1]}:3", f"{keys[2]}:8", f"{keys[3]}:11"],
     ]
     events = [(e["matchType"], e["operation"], e["key"], e["initial"]) for e in steps["events"][0]["events"]]
-    assert events == [("add", "insert", keys[0], False), ("add", "insert", keys[2], False),
+    sentinel = steps["sentinel"][0]["key"]
+    assert events == [("add", "none", sentinel, True), ("add", "insert", keys[0], False), ("add", "insert", keys[2], False),
                       ("add", "insert", keys[3], False), ("change", "update", keys[0], False),
                       ("change", "update", keys[3], False), ("remove", "delete", keys[0], False)]
     assert steps["stale"] == [{"step": "stale", "refused": True, "status": 412}]

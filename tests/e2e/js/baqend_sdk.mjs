@@ -26,14 +26,21 @@ try {
   const db = emf.createEntityManager();
   await db.ready();
 
+  // The SDK emits nothing for an empty initial result, so the event stream starts with one object
+  // in it (and the result stream's query leaves it out): its initial event says the stream is live.
+  const sentinel = new db.Todo({ name: 'sentinel', n: 1000, on: true });
+  await sentinel.insert();
+  print({ step: 'sentinel', key: key(sentinel) });
+
   // eventStream of a filter query; resultStream of a sorted, limited query.
   db.Todo.find().equal('on', true).eventStream({ initial: true }).subscribe(
     (e) => { seen.events.push({ matchType: e.matchType, operation: e.operation, key: key(e.data), initial: e.initial }); notify(); },
     (err) => print({ step: 'error', where: 'eventStream', message: String(err && err.message) }));
-  db.Todo.find().ascending('n').limit(3).resultStream().subscribe(
+  db.Todo.find().lessThan('n', 1000).ascending('n').limit(3).resultStream().subscribe(
     (result) => { seen.results.push(result.map((t) => `${key(t)}:${t.n}`)); notify(); },
     (err) => print({ step: 'error', where: 'resultStream', message: String(err && err.message) }));
   await waitFor('the initial result', () => seen.results.length >= 1);
+  await waitFor('the initial event', () => seen.events.some((e) => e.initial));
   print({ step: 'initial', result: seen.results[0] });
 
   const made = [];
