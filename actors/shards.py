@@ -29,13 +29,13 @@ from typing import Any, Callable
 
 import ray
 
-from actors.registry import Registry
-from actors.messagelog import LogRecord, MessageLog, SqliteMessageLog
-from actors.mxmatch import MxMatchIndex
-from actors.nolag import Lobby, Presence
-from actors.nolag import Subscriptions as NolagSubscriptions
-from actors.mxmatch import Subscription as MxSubscription
-from actors.retained import Retained, RetainedStore, RetainedValues, SqliteRetainedStore
+from actors.signal.registry import Registry
+from actors.nolag.messagelog import LogRecord, MessageLog, SqliteMessageLog
+from actors.mx.match import MxMatchIndex
+from actors.nolag.state import Lobby, Presence
+from actors.nolag.state import Subscriptions as NolagSubscriptions
+from actors.mx.match import Subscription as MxSubscription
+from actors.cashu.retained import Retained, RetainedStore, RetainedValues, SqliteRetainedStore
 from actors.sessions import SessionTable
 from actors.topics import TopicTable
 from router.config import RouterSettings
@@ -43,7 +43,7 @@ from router.errors import CommandError
 from router.lane import LaneServer
 from router.metrics import ShardMetrics
 from router.proc import tune_gc
-from router.keys import pattern_matches
+from actors.nolag.keys import pattern_matches
 from router.patterns import PatternError, compile_pattern
 from router.shardmap import REGISTRY, SESSION, TOPIC, gateway_name, shard_name
 
@@ -208,7 +208,7 @@ class TopicShard(ShardBase):
     """Commands: sub, unsub, pub, purge, stats; and for retained values rsub, rset, rinit.
 
     A retained value is delivered as a ``DELIVER_EVENT`` whose payload is
-    ``(topic, version, payload, meta)``; see :mod:`actors.retained`.
+    ``(topic, version, payload, meta)``; see :mod:`actors.cashu.retained`.
     """
 
     kind = TOPIC
@@ -636,9 +636,9 @@ SHARD_ACTORS = {TOPIC: TopicShardActor, REGISTRY: RegistryShardActor, SESSION: S
 
 # -- Baqend real-time queries: documents by id, queries by subscription (docs/baqend.md) -------------
 
-from actors.documents import NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable, reader  # noqa: E402,I001
-from actors.livequeries import QueryTable  # noqa: E402
-from actors.mongoquery import QueryError, compile_query  # noqa: E402
+from actors.baqend.documents import NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable, reader  # noqa: E402,I001
+from actors.baqend.livequeries import QueryTable  # noqa: E402
+from actors.baqend.mongoquery import QueryError, compile_query  # noqa: E402
 from router.shardmap import DOCUMENT, QUERY, shard_index  # noqa: E402
 
 
@@ -648,7 +648,7 @@ class DocumentShard(ShardBase):
     Owns the documents whose id hashes here. Each write is checked (version, acl), buffered, and
     committed to SQLite at the end of the batch; then the batch's (before, after) images are sent
     to every query shard in one call each, stamped ``(index, epoch, seq)`` (see
-    :mod:`actors.livequeries` for why that keeps initial results and events consistent).
+    :mod:`actors.baqend.livequeries` for why that keeps initial results and events consistent).
     """
 
     kind = DOCUMENT

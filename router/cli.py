@@ -184,13 +184,13 @@ def cmd_mx_replay(args: argparse.Namespace) -> int:
 
 
 def _key_store(args: argparse.Namespace):
-    from router.keys import KeyStore
+    from actors.nolag.keys import KeyStore
 
     return KeyStore(_settings(args).data_dir / "keys.sqlite3")
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from router.keys import AclError
+    from actors.nolag.keys import AclError
 
     store = _key_store(args)
     try:

@@ -16,8 +16,8 @@ from urllib.parse import unquote
 
 import orjson
 
-from actors.livequeries import QuerySpec
-from actors.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
+from actors.baqend.livequeries import QuerySpec
+from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
 
 MAX_ID_LENGTH = 256
 BUCKET = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,127}")

@@ -4,7 +4,7 @@ A write (REST) goes to the document shard owning its id, which checks and stores
 its (before, after) images to every query shard; the REST answer is the stored object. A
 subscription is registered on the query shard owning its key (writes for it are buffered from
 then on), then every document shard is scanned, then the query shard builds the query from the
-scans and sends the ``result`` (see :mod:`actors.livequeries`). Every ``result`` and ``match``
+scans and sends the ``result`` (see :mod:`actors.baqend.livequeries`). Every ``result`` and ``match``
 reaches the connection as a ``DELIVER_EVENT`` payload; this module writes the frames.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import jwt
 import orjson
 
-from actors.documents import BAD_REQUEST, EXISTS, FORBIDDEN, NOT_FOUND, PRECONDITION_FAILED, new_key, principals_of
+from actors.baqend.documents import BAD_REQUEST, EXISTS, FORBIDDEN, NOT_FOUND, PRECONDITION_FAILED, new_key, principals_of
 from gateways.baqend import codec
 from gateways.baqend.codec import ProtocolError, RestError, Subscribe
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire

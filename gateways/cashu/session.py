@@ -1,7 +1,7 @@
 """Cashu NUT-17: one wallet connection's subscriptions, the dialect, and the mint's state feed.
 
 Every subscribed object (a quote id or a proof Y) is a key ``cashu/<kind>/<id>`` owned by one topic
-shard, which keeps the object's last state (a retained value, :mod:`actors.retained`). A
+shard, which keeps the object's last state (a retained value, :mod:`actors.cashu.retained`). A
 subscription sends ``rsub`` for each of its keys: the shard subscribes the connection and returns
 the current state in one step, so every later state reaches the connection as a delivery.
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from google.protobuf.message import DecodeError
 
-from actors.mxmatch import (
+from actors.mx.match import (
     ADDRESS,
     ADDRESS_IDENTIFIER,
     ALL,

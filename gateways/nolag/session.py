@@ -31,7 +31,7 @@ from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from router.config import NolagConfig
 from router.errors import CommandError, ShardUnavailable
-from router.keys import KeyRecord, KeyStore, month_of, pattern_matches
+from actors.nolag.keys import KeyRecord, KeyStore, month_of, pattern_matches
 from router.ratelimit import TokenBucket
 from router.shardmap import SESSION, TOPIC
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from router.keys import KeyStore
+from actors.nolag.keys import KeyStore
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.nolag_client import Client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.documents import (
+from actors.baqend.documents import (
     DocumentTable, MemoryDocumentStore, SqliteDocumentStore, apply_update, iso_now, permitted, principals_of,
 )
 from router.errors import CommandError

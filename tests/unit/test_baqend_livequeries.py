@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.documents import DocumentTable, MemoryDocumentStore, reader
-from actors.livequeries import QuerySpec, QueryTable
+from actors.baqend.documents import DocumentTable, MemoryDocumentStore, reader
+from actors.baqend.livequeries import QuerySpec, QueryTable
 
 ROUTE = ("gw", 1)
 NOW = "2026-01-01T00:00:00.000Z"

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from router import cli
-from router.keys import AclError, KeyRecord, KeyStore, month_of, parse_pattern, parse_token, pattern_matches
+from actors.nolag.keys import AclError, KeyRecord, KeyStore, month_of, parse_pattern, parse_token, pattern_matches
 
 
 class Clock:

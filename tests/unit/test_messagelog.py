@@ -7,8 +7,8 @@ import sqlite3
 import msgpack
 import pytest
 
-from actors import messagelog
-from actors.messagelog import LogRecord, SqliteMessageLog
+from actors.nolag import messagelog
+from actors.nolag.messagelog import LogRecord, SqliteMessageLog
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.mongoquery import (
+from actors.baqend.mongoquery import (
     MISSING,
     QueryError,
     UnsupportedQueryError,
@@ -17,7 +17,7 @@ from actors.mongoquery import (
     compile_query,
     resolve_path,
 )
-from actors.sortkey import parse_sort, sort_key
+from actors.baqend.sortkey import parse_sort, sort_key
 
 
 def matches(query: dict, document: dict) -> bool:

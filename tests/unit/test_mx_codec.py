@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.mxmatch import Subscription
+from actors.mx.match import Subscription
 from gateways.mx import codec
 from gateways.mx.codec import (
     ACK,

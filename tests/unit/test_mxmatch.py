@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.mxmatch import (
+from actors.mx.match import (
     ADDRESS,
     ADDRESS_IDENTIFIER,
     ALL,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from actors.nolag import AckTracker, Dedup, Lobby, Presence, PresenceEvent, Redelivery, Subscriptions
+from actors.nolag.state import AckTracker, Dedup, Lobby, Presence, PresenceEvent, Redelivery, Subscriptions
 
 T = "chat/general/messages"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.registry import Registration, Registry, new_renewal_token
+from actors.signal.registry import Registration, Registry, new_renewal_token
 from router.errors import CommandError
 from router.patterns import compile_pattern
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.retained import MemoryRetainedStore, RetainedValues, SqliteRetainedStore
+from actors.cashu.retained import MemoryRetainedStore, RetainedValues, SqliteRetainedStore
 
 
 def test_versions_count_per_key_and_reads_see_unsaved_writes():

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.rtquery import Event, RealtimeQuery, SubscriptionError
+from actors.baqend.rtquery import Event, RealtimeQuery, SubscriptionError
 
 
 def obj(key: str, version: int = 1, **fields: Any) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.mxmatch import Subscription
-from actors.retained import MemoryRetainedStore
+from actors.mx.match import Subscription
+from actors.cashu.retained import MemoryRetainedStore
 from actors.shards import DELIVER_EVENT, MX_ALL, MX_BLOCK, MX_EVENT, TopicShard
 from gateways.mx import codec, generator, node
 from gateways.mx.ingest import block_items

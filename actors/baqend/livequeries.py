@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from actors.mongoquery import STRING, bson_key
-from actors.rtquery import Event, RealtimeQuery
+from actors.baqend.mongoquery import STRING, bson_key
+from actors.baqend.rtquery import Event, RealtimeQuery
 
 Route = tuple[str, int]  # (gateway id, connection id)
 Stamp = tuple[str, int]  # (epoch, seq) of a document shard

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Mapping
 import orjson
 from sortedcontainers import SortedList
 
-from actors.mongoquery import QueryError, UnsupportedQueryError, compile_query
-from actors.sortkey import parse_sort, sort_key
+from actors.baqend.mongoquery import QueryError, UnsupportedQueryError, compile_query
+from actors.baqend.sortkey import parse_sort, sort_key
 
 MAX_RESULT = 500  # offset + limit of a sorted query
 MATCH_TYPES = frozenset({"add", "change", "changeIndex", "remove", "match"})

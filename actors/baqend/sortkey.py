@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from actors.mongoquery import MISSING, QueryError, bson_key, resolve_path, split_path
+from actors.baqend.mongoquery import MISSING, QueryError, bson_key, resolve_path, split_path
 
 SortSpec = tuple[tuple[str, int], ...]  # ((field path, 1 ascending | -1 descending), ...)
 

@@ -1,0 +1,1 @@
+"""The shard side of the cashu dialect: its state classes, stores and shard component."""
