@@ -20,47 +20,22 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from websockets.protocol import OPEN
 
 from actors.eventwriter import EventLogWriterActor
-from actors.shards import DELIVER_EVENT, DELIVER_TEXT
-from gateways.dialect import Dialect, HttpRequest, HttpResponse, HttpRoute
+from gateways.dialect import HttpRequest, HttpResponse, HttpRoute
+from gateways.dialects import build_dialects, shard_kinds
 from gateways.server import Connection, Listener, frame_header
 from gateways.shardclient import DeliverySequencer, ShardClient
 from router.config import RouterSettings
+from router import contract
+from router.contract import DELIVER_EVENT, DELIVER_TEXT
 from router.eventlog import EventLog
 from router.metrics import GatewayMetrics
 from router.proc import raise_open_file_limit, tune_gc
-from router.shardmap import shard_kinds, shard_name
+from router.shardmap import shard_name
 
 logger = logging.getLogger(__name__)
 
 _TEXT_OPCODE = 0x1
 _BINARY_OPCODE = 0x2
-
-
-def build_dialects(gateway: "Gateway", settings: RouterSettings) -> list[Dialect]:
-    dialects: list[Dialect] = []
-    if settings.signal.enabled:
-        from gateways.signal.session import SignalHubDialect
-
-        dialects.append(SignalHubDialect(gateway, settings.signal))
-    if settings.cashu.enabled:
-        from gateways.cashu.session import CashuDialect
-
-        dialects.append(CashuDialect(gateway, settings.cashu))
-    if settings.nolag.enabled:
-        from gateways.nolag.session import NolagDialect
-
-        dialects.append(NolagDialect(gateway, settings.nolag))
-    if settings.mx.enabled:
-        from gateways.mx.ingest import NodeIngestDialect
-        from gateways.mx.session import MxHubDialect
-
-        hub = MxHubDialect(gateway, settings.mx)
-        dialects.extend([hub, NodeIngestDialect(gateway, settings.mx, hub)])
-    if settings.baqend.enabled:
-        from gateways.baqend.session import BaqendDialect
-
-        dialects.append(BaqendDialect(gateway, settings.baqend))
-    return dialects
 
 
 class Gateway:
@@ -271,24 +246,29 @@ class Gateway:
         self._seq += 1
         return self._seq
 
+    def event_meta(self, dialect: str, kind: str | None = None, topic: str | None = None) -> tuple:
+        """The meta of a message entering now (``router.contract.EventMeta``)."""
+        self._seq += 1
+        return contract.event_meta(self.id, self._seq, time.time_ns(), dialect, kind, topic)
+
     def accepted(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int) -> None:
-        dialect = meta[3]
+        _, seq, ingress_ns, dialect, _, _ = meta
         metrics = self.metrics
         if metrics is not None:
             metrics.messages_in[dialect] += 1
             metrics.bytes_in[dialect] += nbytes
         events = self.events
-        if events is not None and events.sampled(meta[1]):
-            events.ingress(meta[2], meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id)
+        if events is not None and events.sampled(seq):
+            events.ingress(ingress_ns, meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id)
 
     def rejected(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int, reason: str) -> None:
-        dialect = meta[3]
+        _, seq, ingress_ns, dialect, _, _ = meta
         metrics = self.metrics
         if metrics is not None:
             metrics.rejections[(dialect, reason)] += 1
         events = self.events
-        if events is not None and events.sampled(meta[1]):
-            events.rejected(meta[2], meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id,
+        if events is not None and events.sampled(seq):
+            events.rejected(ingress_ns, meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id,
                             reason)
 
     # -- deliveries from shards -----------------------------------------------------------
@@ -298,10 +278,11 @@ class Gateway:
 
     def unroutable(self, meta: tuple, nbytes: int, reason: str) -> None:
         """An accepted message that could not be routed at all (e.g. its target is unknown)."""
+        _, seq, _, dialect, _, _ = meta
         if self.metrics is not None:
-            self.metrics.drops[(meta[3], reason)] += 1
+            self.metrics.drops[(dialect, reason)] += 1
         events = self.events
-        if events is not None and events.sampled(meta[1]):
+        if events is not None and events.sampled(seq):
             events.dropped(time.time_ns(), meta, nbytes, -1, reason)
 
     def _apply(self, items: list) -> None:
@@ -358,13 +339,13 @@ class Gateway:
 
     def _account(self, meta: tuple, nbytes: int, connection_ids: tuple, delivered: int, failed: list | None) -> None:
         """Metrics and event-log records for one fan-out group."""
-        dialect = meta[3]
+        _, seq, ingress_ns, dialect, _, _ = meta
         now_ns = time.time_ns()
         metrics = self.metrics
         if metrics is not None and delivered:
             metrics.messages_out[dialect] += delivered
             metrics.bytes_out[dialect] += delivered * nbytes
-            metrics.latency(dialect, (now_ns - meta[2]) / 1e9, time.monotonic())
+            metrics.latency(dialect, (now_ns - ingress_ns) / 1e9, time.monotonic())
         reasons = None
         if failed is not None:
             reasons = [self._drop_reason(connection_id) for connection_id in failed]
@@ -372,7 +353,7 @@ class Gateway:
                 for reason in reasons:
                     metrics.drops[(dialect, reason)] += 1
         events = self.events
-        if events is not None and events.sampled(meta[1]):
+        if events is not None and events.sampled(seq):
             if failed is None:
                 events.delivered(now_ns, meta, nbytes, connection_ids)
             else:

@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from router.contract import META_FIELDS
+
 logger = logging.getLogger(__name__)
 
 SCHEMA = pa.schema(
@@ -52,8 +54,7 @@ SCHEMA = pa.schema(
 )
 COLUMNS = SCHEMA.names
 
-# meta travelling with a delivery: (origin gateway, msg_seq, ingress ts_ns, dialect, kind, topic)
-Meta = tuple
+Meta = tuple  # router.contract.EventMeta: (origin gateway, msg_seq, ingress ts_ns, dialect, kind, topic)
 
 
 class EventLog:
@@ -191,7 +192,7 @@ class EventLog:
         """
         metas = _column(records, 1)
         ts_ns = np.fromiter(map(itemgetter(0), records), dtype=np.int64, count=len(records))
-        t0 = np.fromiter(map(itemgetter(2), metas), dtype=np.int64, count=len(records))
+        t0 = np.fromiter(map(itemgetter(META_FIELDS["ingress_ns"]), metas), dtype=np.int64, count=len(records))
         latency = pa.array(ts_ns - t0)
         if has_latency is not True:
             latency = pc.if_else(has_latency, latency, pa.scalar(None, pa.int64()))
@@ -200,20 +201,20 @@ class EventLog:
             array = values if isinstance(values, pa.Array) else pa.array(values, type_)
             return array if index is None else array.take(index)
 
-        def meta_field(position: int, type_: pa.DataType) -> pa.Array:
-            return per_record(_column(metas, position), type_)
+        def meta_field(name: str, type_: pa.DataType) -> pa.Array:
+            return per_record(_column(metas, META_FIELDS[name]), type_)
 
         return pa.Table.from_arrays(
             [
                 per_record(ts_ns, pa.int64()),
-                meta_field(3, pa.string()),  # dialect
+                meta_field("dialect", pa.string()),
                 direction,
-                meta_field(4, pa.string()),  # kind
-                meta_field(5, pa.string()),  # topic
+                meta_field("kind", pa.string()),
+                meta_field("topic", pa.string()),
                 _constant(self.gateway_id, len(connection)),
                 connection,
-                meta_field(0, pa.string()),  # origin
-                meta_field(1, pa.int64()),  # msg_seq
+                meta_field("origin", pa.string()),
+                meta_field("seq", pa.int64()),  # msg_seq
                 protocol_id,
                 per_record(sizes, pa.int64()),
                 per_record(latency, pa.int64()),

@@ -23,10 +23,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.shards import SHARD_ACTORS
+from actors.shard import ShardActor
+from gateways.dialects import shard_components
 from gateways.gateway import GatewayActor
 from router.config import RouterSettings
-from router.shardmap import ALL_SHARD_KINDS, gateway_name, shard_kinds, shard_name
+from router.shardmap import GATEWAY_PREFIX, SHARD_SUFFIX, gateway_name, shard_name
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +79,11 @@ class Router:
 
     def _start_shards(self) -> None:
         settings = self.settings
-        for kind in shard_kinds(settings):
-            actor_class = SHARD_ACTORS[kind]
+        for kind, components in shard_components(settings).items():
             self.shards[kind] = [
-                actor_class.options(
+                ShardActor.options(
                     name=shard_name(kind, index), namespace=settings.namespace, get_if_exists=True
-                ).remote(index, settings)
+                ).remote(kind, index, settings, components)
                 for index in range(getattr(settings.shards, kind))
             ]
         # Fail here, not on the first message, if a shard cannot start.
@@ -161,9 +161,9 @@ def cluster_status(namespace: str) -> dict[str, Any]:
             actor = ray.get_actor(name, namespace=namespace)
         except ValueError:
             continue
-        if name.startswith("gateway-"):
+        if name.startswith(GATEWAY_PREFIX):
             gateways.append(actor.stats.remote())
-        elif any(name.startswith(f"{kind}-shard-") for kind in ALL_SHARD_KINDS):
+        elif SHARD_SUFFIX in name:
             shards.append(actor.info.remote())
     return {
         "namespace": namespace,

@@ -6,25 +6,14 @@ is never used: xxh64 of the UTF-8 key, modulo the shard count.
 
 from __future__ import annotations
 
-from typing import Any
-
 import xxhash
 
-SESSION = "session"
-TOPIC = "topic"
-REGISTRY = "registry"
-DOCUMENT = "document"  # Baqend documents, by id
-QUERY = "query"  # Baqend real-time queries, by subscription
-SHARD_KINDS = (SESSION, TOPIC, REGISTRY)
-BAQEND_SHARD_KINDS = (DOCUMENT, QUERY)
-ALL_SHARD_KINDS = SHARD_KINDS + BAQEND_SHARD_KINDS
+# The core's shard kinds; dialects add their own (``gateways/dialects.py`` lists which).
+SESSION = "session"  # per client identity: what a session keeps while it is away
+TOPIC = "topic"  # per topic: subscribers, and what dialects keep per topic or room
 
 GATEWAY_PREFIX = "gateway-"
-
-
-def shard_kinds(settings: Any) -> tuple[str, ...]:
-    """The kinds a router with ``settings`` starts: Baqend's only when the dialect is enabled."""
-    return ALL_SHARD_KINDS if settings.baqend.enabled else SHARD_KINDS
+SHARD_SUFFIX = "-shard-"
 
 
 def shard_index(key: str, count: int) -> int:
@@ -36,7 +25,7 @@ def shard_index(key: str, count: int) -> int:
 
 def shard_name(kind: str, index: int) -> str:
     """Ray actor name of a shard, as the Ray dashboard shows it: ``topic-shard-3``."""
-    return f"{kind}-shard-{index}"
+    return f"{kind}{SHARD_SUFFIX}{index}"
 
 
 def gateway_name(gateway_id: str) -> str:

@@ -10,7 +10,6 @@ its :class:`DocumentStore` in one transaction. Pure apart from the store: no Ray
 from __future__ import annotations
 
 import copy
-import sqlite3
 import uuid
 from abc import ABC, abstractmethod
 from datetime import datetime, timezone
@@ -20,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 import orjson
 
 from router.errors import CommandError
+from router.sqlite import open_wal
 
 Document = dict[str, Any]
 Principals = frozenset[str]  # "/db/User/<id>", "/db/Role/<name>"; empty = anonymous
@@ -311,11 +311,8 @@ class SqliteDocumentStore(DocumentStore):
     """One SQLite file (WAL) shared by the document shards of a machine; each reads its own ids."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_wal(path)
         self._db.execute("CREATE TABLE IF NOT EXISTS documents "
                          "(id TEXT PRIMARY KEY, bucket TEXT NOT NULL, body BLOB NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS documents_bucket ON documents (bucket)")

@@ -23,14 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from actors.baqend.mongoquery import STRING, bson_key
+from actors.baqend.contract import InitialResult, Matches, Scan, Write
 from actors.baqend.rtquery import Event, RealtimeQuery
 
 Route = tuple[str, int]  # (gateway id, connection id)
 Stamp = tuple[str, int]  # (epoch, seq) of a document shard
-# A forwarded write: (bucket, before image, after image, operation, seq, meta)
-WriteItem = tuple[str, Any, Any, str, int, Any]
-# Where, and the DELIVER_EVENT payload: ("result", key, documents) or ("match", key, [event fields], meta).
-# The key, unique per subscription, names it (a client may reuse a subscription id later).
+# Where, and the DELIVER_EVENT payload (an InitialResult or Matches).
 Output = tuple[Route, tuple]
 
 
@@ -60,7 +58,7 @@ class LiveQuery:
     spec: QuerySpec
     visible: Callable | None
     query: RealtimeQuery | None = None  # None while loading
-    buffer: list[tuple[int, str, WriteItem]] = field(default_factory=list)
+    buffer: list[tuple[int, str, Write]] = field(default_factory=list)
     skip: dict[int, Stamp] = field(default_factory=dict)  # source -> writes up to here are in the result
 
 
@@ -160,7 +158,7 @@ class QueryTable:
         self.by_connection.setdefault(route, set()).add(key)
         return True
 
-    def load(self, key: str, scans: list[tuple[int, str, int, list]]) -> list[Output] | None:
+    def load(self, key: str, scans: list[Scan]) -> list[Output] | None:
         """Build the query from every document shard's ``(source, epoch, seq, documents)``.
 
         Returns the outputs to deliver (the ``result`` when asked for), or None if the query is
@@ -173,9 +171,8 @@ class QueryTable:
         query = live.spec.build(documents, live.visible)
         horizon = {source: (epoch, seq) for source, epoch, seq, _ in scans}
         for source, epoch, item in live.buffer:
-            if not _covered(horizon.get(source), epoch, item[4]):
-                bucket, before, after, operation, _, _ = item
-                query.changes(before, after, operation)  # folded into the result, not sent
+            if not _covered(horizon.get(source), epoch, item.seq):
+                query.changes(item.before, item.after, item.operation)  # folded into the result, not sent
         live.buffer = []
         for source, stamp in horizon.items():
             seen = self.received.get(source)
@@ -184,7 +181,7 @@ class QueryTable:
         live.query = query
         if not live.spec.initial:
             return []
-        return [(live.route, ("result", live.key, query.result()))]
+        return [(live.route, InitialResult(live.key, query.result()))]
 
     def remove(self, key: str) -> bool:
         live = self.queries.pop(key, None)
@@ -216,7 +213,7 @@ class QueryTable:
 
     # -- writes ------------------------------------------------------------------------------------
 
-    def apply(self, source: int, epoch: str, items: list[WriteItem]) -> list[Output]:
+    def apply(self, source: int, epoch: str, items: list[Write]) -> list[Output]:
         """The events of a source's writes, in order, for every query of their buckets."""
         outputs: list[Output] = []
         for item in items:
@@ -242,7 +239,7 @@ class QueryTable:
                 events = query.apply(before, after, operation)
                 if events:
                     self.events += len(events)
-                    outputs.append((live.route, ("match", live.key, [event.fields() for event in events], meta)))
+                    outputs.append((live.route, Matches(live.key, [event.fields() for event in events], meta)))
         return outputs
 
     def stats(self) -> dict[str, Any]:

@@ -14,12 +14,19 @@ batch's results go back (a value that was acknowledged is on disk).
 
 from __future__ import annotations
 
-import sqlite3
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
+from router.sqlite import open_wal
 
-Retained = tuple[int, bytes]  # (version, payload)
+
+
+class Retained(NamedTuple):
+    """A key's current value: versions count 1, 2, 3, … per key."""
+
+    version: int
+    payload: bytes
 
 
 class RetainedStore(ABC):
@@ -45,26 +52,20 @@ class MemoryRetainedStore(RetainedStore):
 
     def save(self, rows: list[tuple[str, int, bytes]]) -> None:
         for key, version, payload in rows:
-            self.rows[key] = (version, payload)
+            self.rows[key] = Retained(version, payload)
 
 
 class SqliteRetainedStore(RetainedStore):
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        # Several shard processes share the file: WAL lets readers run beside one writer, and a
-        # busy writer waits instead of failing.
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode survives a crash of the process (not of the machine's power).
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_wal(path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS retained (key TEXT PRIMARY KEY, version INTEGER NOT NULL, payload BLOB NOT NULL)"
         )
 
     def load(self, key: str) -> Retained | None:
         row = self._db.execute("SELECT version, payload FROM retained WHERE key = ?", (key,)).fetchone()
-        return None if row is None else (row[0], bytes(row[1]))
+        return None if row is None else Retained(row[0], bytes(row[1]))
 
     def save(self, rows: list[tuple[str, int, bytes]]) -> None:
         db = self._db
@@ -84,7 +85,7 @@ class SqliteRetainedStore(RetainedStore):
         self._db.close()
 
 
-_ABSENT = (0, b"")  # cached "no value": version 0 is never stored
+_ABSENT = Retained(0, b"")  # cached "no value": version 0 is never stored
 
 
 class RetainedValues:
@@ -108,13 +109,13 @@ class RetainedValues:
             self._remember(key, value)
         else:
             self._cache.move_to_end(key)
-        return None if value is _ABSENT or value[0] == 0 else value
+        return None if value is _ABSENT or value.version == 0 else value
 
     def put(self, key: str, payload: bytes) -> int:
         """Store a new value; returns its version (one more than the previous)."""
         current = self.get(key)
-        version = 1 if current is None else current[0] + 1
-        value = (version, payload)
+        version = 1 if current is None else current.version + 1
+        value = Retained(version, payload)
         self._remember(key, value)
         self._pending[key] = value
         return version
@@ -124,7 +125,7 @@ class RetainedValues:
         current = self.get(key)
         if current is not None:
             return current, False
-        return (self.put(key, payload), payload), True
+        return Retained(self.put(key, payload), payload), True
 
     @property
     def dirty(self) -> bool:

@@ -21,12 +21,12 @@ import hmac
 import json
 import re
 import secrets
-import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
+from router.sqlite import open_wal
 
 ENVIRONMENTS = ("live", "sandbox")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -119,13 +119,9 @@ _COLUMNS = ("key_id, environment, project_id, publish, subscribe, rate_limit_per
 
 class KeyStore:
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._clock = clock
-        # timeout = SQLite's busy timeout: a writer in another process makes us wait, not fail.
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_wal(path)
         self._db.executescript(
             "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, environment TEXT NOT NULL, "
             "project_id TEXT NOT NULL, salt BLOB NOT NULL, secret_hash BLOB NOT NULL, publish TEXT NOT NULL, "

@@ -13,11 +13,11 @@ default; :meth:`MessageLog.prune` applies it.
 
 from __future__ import annotations
 
-import sqlite3
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
+from router.sqlite import open_wal
 
 Retention = Callable[[str], "int | None"]  # topic -> milliseconds to keep, None: forever
 
@@ -59,12 +59,9 @@ class MessageLog(ABC):
 
 class SqliteMessageLog(MessageLog):
     def __init__(self, path: Path, retention_ms_by_topic: Retention | None = None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.retention_ms_by_topic = retention_ms_by_topic or (lambda topic: DEFAULT_RETENTION_MS)
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_wal(path)
         self._db.executescript(
             "CREATE TABLE IF NOT EXISTS messages (seq INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
             "msg_id TEXT NOT NULL UNIQUE, ts_ms INTEGER NOT NULL, data BLOB NOT NULL, qos INTEGER NOT NULL, "

@@ -90,6 +90,10 @@ class Subscriptions:
     def get(self, topic: str, location: Location) -> Subscriber | None:
         return self._topics.get(topic, {}).get(location)
 
+    def locations(self) -> list[Location]:
+        """Every connection with a subscription."""
+        return list(self._by_location)
+
     def topics_of(self, location: Location) -> list[str]:
         return sorted(self._by_location.get(location, ()))
 
@@ -211,6 +215,10 @@ class Presence:
         for room, actor in sorted(self._by_location.get(location, ())):
             out.extend((room, event) for event in self.leave(room, actor_id=actor))
         return out
+
+    def locations(self) -> list[Location]:
+        """Every connection some actor's presence is at."""
+        return list(self._by_location)
 
     def list(self, room: str) -> list[dict[str, Any]]:
         """``[{actorTokenId, presence, joinedAt}]`` in join order (``presenceList``)."""

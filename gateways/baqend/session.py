@@ -24,7 +24,10 @@ from gateways.baqend.codec import ProtocolError, RestError, Subscribe
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
 from router.config import BaqendConfig
 from router.errors import CommandError, ShardUnavailable
-from router.shardmap import DOCUMENT, QUERY
+from actors.baqend import contract as baqend
+from actors.baqend.contract import InitialResult, object_key
+from actors.baqend.shard import DOCUMENT, QUERY
+from router import contract
 
 logger = logging.getLogger(__name__)
 
@@ -141,32 +144,32 @@ class BaqendDialect(Dialect):
             fields = codec.decode_object(request.body, config.max_document_bytes)
             key = codec.key_from_insert(bucket, fields, config.max_key_length) or new_key()
             meta = self._accepted("insert", bucket, key, len(request.body))
-            document = await shards.request(shards.link(DOCUMENT, f"/db/{bucket}/{key}"),
-                                            ("insert", bucket, key, fields, principals, meta))
+            document = await shards.request(shards.link(DOCUMENT, object_key(bucket, key)),
+                                            baqend.insert(bucket, key, fields, principals, meta))
             return self._written(201, document)
-        oid = f"/db/{bucket}/{key}"
-        link = shards.link(DOCUMENT, oid)
+        link = shards.link(DOCUMENT, object_key(bucket, key))
         if method == "GET":
-            return _object(200, self._result(await shards.request(link, ("get", bucket, key, principals))))
+            return _object(200, self._result(await shards.request(link, baqend.get(bucket, key, principals))))
         version = codec.if_match(request.header("if-match"))
         if method == "DELETE":
             meta = self._accepted("delete", bucket, key, 0)
-            self._result(await shards.request(link, ("delete", bucket, key, version, principals, meta)))
+            self._result(await shards.request(link, baqend.delete(bucket, key, version, principals, meta)))
             self.writes += 1
             return HttpResponse(204, b"")
         body = codec.decode_object(request.body, config.max_document_bytes)
         if method == "PUT":
             meta = self._accepted("replace", bucket, key, len(request.body))
             document, created = self._result(
-                await shards.request(link, ("replace", bucket, key, body, version, principals, meta)))
+                await shards.request(link, baqend.replace(bucket, key, body, version, principals, meta)))
             return self._written(201 if created else 200, document)
         meta = self._accepted("update", bucket, key, len(request.body))
-        return self._written(200, await shards.request(link, ("update", bucket, key, body, version, principals, meta)))
+        return self._written(200, await shards.request(link, baqend.update(bucket, key, body, version, principals, meta)))
 
     def _accepted(self, operation: str, bucket: str, key: str, nbytes: int) -> tuple:
         gateway = self.gateway
-        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, operation, f"/db/{bucket}/{key}")
-        gateway.accepted(meta, meta[5], nbytes, -1)
+        oid = object_key(bucket, key)
+        meta = gateway.event_meta(DIALECT, operation, oid)
+        gateway.accepted(meta, oid, nbytes, -1)
         return meta
 
     def _written(self, status: int, result: Any) -> HttpResponse:
@@ -206,7 +209,7 @@ class BaqendSession(DialectSession):
         if self.closed:
             return
         gateway = self.gateway
-        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, None, None)
+        meta = gateway.event_meta(DIALECT)
         size = len(data)
         try:
             if size > self.config.max_message_bytes:
@@ -214,10 +217,10 @@ class BaqendSession(DialectSession):
                                     "bytes", 413, "Payload Too Large")
             request = codec.decode(data)
             if isinstance(request, Subscribe):
-                meta = (*meta[:4], "subscribe", request.spec.bucket)
+                meta = contract.retag(meta, "subscribe", request.spec.bucket)
                 self._subscribe(request, meta)
             else:
-                meta = (*meta[:4], "unsubscribe", None)
+                meta = contract.retag(meta, "unsubscribe", None)
                 self._unsubscribe(request.sub_id)
         except ProtocolError as error:
             self.gateway.rejected(meta, error.sub_id, size, self.wire.id, f"status_{error.status}")
@@ -226,13 +229,12 @@ class BaqendSession(DialectSession):
         gateway.accepted(meta, request.sub_id, size, self.wire.id)
 
     def on_event(self, payload: Any) -> None:
-        kind, key = payload[0], payload[1]
-        sub = self.by_key.get(key)
+        sub = self.by_key.get(payload.key)
         if sub is None or self.closed:
             return
         date = codec.date_now()
-        if kind == "result":
-            frame = codec.encode_result(sub.sub_id, payload[2], date)
+        if isinstance(payload, InitialResult):
+            frame = codec.encode_result(sub.sub_id, payload.documents, date)
             if len(frame) > self.config.max_result_bytes:
                 self._fail(sub, ProtocolError(
                     f"The initial result is {len(frame)} bytes; the limit is {self.config.max_result_bytes}: "
@@ -241,8 +243,8 @@ class BaqendSession(DialectSession):
             self.dialect.results += 1
             self.gateway.account_delivery(sub.meta, len(frame), self.wire.id, self.wire.send_text(frame))
             return
-        meta = payload[3]
-        for fields in payload[2]:
+        _, events, meta = payload  # Matches
+        for fields in events:
             frame = codec.encode_match(sub.sub_id, fields, date)
             sent = self.wire.send_text(frame)
             self.dialect.matches += 1
@@ -279,7 +281,7 @@ class BaqendSession(DialectSession):
         sub = _Subscription(sub_id, key, request.spec, link, meta)
         self.subs[sub_id] = sub
         self.by_key[key] = sub
-        shards.send(link, ("sub", key, self.wire.id, sub_id, request.spec, principals),
+        shards.send(link, baqend.subscribe(key, self.wire.id, sub_id, request.spec, principals),
                     lambda result: self._registered(sub, result))
 
     def _registered(self, sub: _Subscription, result: Any) -> None:
@@ -299,7 +301,7 @@ class BaqendSession(DialectSession):
                 self._scanned(sub, scans)
 
         for index, link in enumerate(links):
-            self.shards.send(link, ("scan", sub.spec.bucket, sub.spec.query),
+            self.shards.send(link, baqend.scan(sub.spec.bucket, sub.spec.query),
                              lambda found, index=index: scanned(index, found))
 
     def _scanned(self, sub: _Subscription, scans: list[Any]) -> None:
@@ -309,7 +311,7 @@ class BaqendSession(DialectSession):
             if isinstance(found, (ShardUnavailable, CommandError)):
                 self._fail(sub, _unavailable(found))
                 return
-        self.shards.send(sub.link, ("load", sub.key, scans), lambda result: self._loaded(sub, result))
+        self.shards.send(sub.link, baqend.load(sub.key, scans), lambda result: self._loaded(sub, result))
 
     def _loaded(self, sub: _Subscription, result: Any) -> None:
         if self.by_key.get(sub.key) is not sub:
@@ -327,7 +329,7 @@ class BaqendSession(DialectSession):
     def _remove(self, sub: _Subscription) -> None:
         self.subs.pop(sub.sub_id, None)
         self.by_key.pop(sub.key, None)
-        self.shards.send(sub.link, ("unsub", sub.key))
+        self.shards.send(sub.link, baqend.unsubscribe(sub.key))
 
     def _fail(self, sub: _Subscription, error: ProtocolError) -> None:
         """The subscription ends with an error message (the spec's only way for the server to end it)."""

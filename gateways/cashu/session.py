@@ -22,11 +22,14 @@ from typing import Any
 
 import orjson
 
+from actors.cashu import contract as cashu
+from actors.cashu.contract import RetainedEvent
 from gateways.cashu import codec
 from gateways.cashu.codec import Heartbeat, Limits, RpcError, StateError, Subscribe, Unsubscribe
 from gateways.cashu.mint import MintClient
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
 from router.config import CashuConfig
+from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.ratelimit import TokenBucket
 from router.shardmap import TOPIC
@@ -123,9 +126,9 @@ class CashuDialect(Dialect):
         futures = []
         for state in states:
             key = state.key
-            meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, "state", key)
+            meta = gateway.event_meta(DIALECT, "state", key)
             gateway.accepted(meta, state.object_id, len(state.payload), -1)
-            futures.append(shards.request(shards.link(TOPIC, key), ("rset", key, state.payload, meta)))
+            futures.append(shards.request(shards.link(TOPIC, key), cashu.set_state(key, state.payload, meta)))
         results = await asyncio.gather(*futures, return_exceptions=True)
         answer, failed = [], 0
         for state, result in zip(states, results):
@@ -184,7 +187,7 @@ class CashuSession(DialectSession):
         if self.closed:
             return
         gateway = self.gateway
-        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, None, None)
+        meta = gateway.event_meta(DIALECT)
         size = len(data)
         if size > self.config.max_message_bytes:
             self._refuse(RpcError(codec.INVALID_REQUEST, f"Invalid Request: message of {size} bytes exceeds the "
@@ -199,13 +202,13 @@ class CashuSession(DialectSession):
         try:
             request = codec.decode(data, self.dialect.limits)
             if isinstance(request, Subscribe):
-                meta = (*meta[:4], "subscribe", request.kind)
+                meta = contract.retag(meta, "subscribe", request.kind)
                 self._subscribe(request, meta)
             elif isinstance(request, Unsubscribe):
-                meta = (*meta[:4], "unsubscribe", None)
+                meta = contract.retag(meta, "unsubscribe", None)
                 self._unsubscribe(request)
             else:
-                meta = (*meta[:4], "heartbeat", None)
+                meta = contract.retag(meta, "heartbeat", None)
                 self._send(codec.encode_heartbeat(request.id))
         except RpcError as error:
             self._refuse(error, meta, size)
@@ -240,7 +243,7 @@ class CashuSession(DialectSession):
             task.cancel()
         shards, connection_id = self.shards, self.wire.id
         for key in self.by_key:
-            shards.send(shards.link(TOPIC, key), ("unsub", key, connection_id))
+            shards.send(shards.link(TOPIC, key), contract.unsubscribe(key, connection_id))
         self.by_key.clear()
         self.subs.clear()
 
@@ -263,7 +266,7 @@ class CashuSession(DialectSession):
         shards, connection_id = self.shards, self.wire.id
         for index, (_, key) in enumerate(sub.objects):
             self.by_key.setdefault(key, {})[sub.sub_id] = sub
-            shards.send(shards.link(TOPIC, key), ("rsub", key, connection_id),
+            shards.send(shards.link(TOPIC, key), cashu.subscribe(key, connection_id),
                         lambda result, sub=sub, index=index: self._subscribed(sub, index, result))
 
     def _subscribed(self, sub: _Subscription, index: int, result: Any) -> None:
@@ -295,7 +298,7 @@ class CashuSession(DialectSession):
         unknown: list[tuple[str, str]] = []
         for (value, key), current in zip(sub.objects, sub.initial):
             if current is not None:
-                self._forward(sub, key, current[0], current[1], sub.meta)
+                self._forward(sub, key, current.version, current.payload, sub.meta)
             else:
                 unknown.append((value, key))
         held, sub.held = sub.held, []
@@ -328,14 +331,14 @@ class CashuSession(DialectSession):
             if state is None:
                 missing.append((value, key))
                 continue
-            shards.send(shards.link(TOPIC, key), ("rinit", key, orjson.dumps(state), None),
+            shards.send(shards.link(TOPIC, key), cashu.init_state(key, orjson.dumps(state)),
                         lambda result, key=key: self._fetched(key, result))
         if missing and self.subs.get(sub.sub_id) is sub:
             self._assume_unspent(sub, missing)
 
     def _fetched(self, key: str, result: Any) -> None:
         if not self.closed and not isinstance(result, (ShardUnavailable, CommandError)):
-            self.on_event((key, result[0], result[1], None))
+            self.on_event(RetainedEvent(key, result.version, result.payload, None))
 
     def _unsubscribe(self, request: Unsubscribe) -> None:
         sub = self.subs.get(request.sub_id)
@@ -359,7 +362,7 @@ class CashuSession(DialectSession):
             holders.pop(sub.sub_id, None)
             if not holders:
                 del self.by_key[key]
-                shards.send(shards.link(TOPIC, key), ("unsub", key, connection_id))
+                shards.send(shards.link(TOPIC, key), contract.unsubscribe(key, connection_id))
 
     # -- frames out -----------------------------------------------------------------------------
 

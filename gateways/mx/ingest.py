@@ -22,12 +22,14 @@ from typing import Any, Callable
 from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
-from actors.shards import MX_ALL, MX_BLOCK, MX_EVENT
+from actors.mx import contract as mx
+from actors.mx.contract import Stream, block_item
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec, node
 from gateways.mx.node import DuplicateSuppressor, Ignored, InvalidNodeFrame, SavedBlock
 from gateways.mx.pb import mx_hub_pb2
 from router.config import MxConfig
+from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
 
@@ -42,19 +44,20 @@ def block_items(output: Any) -> tuple[str, list[tuple]]:
         items: list[tuple] = []
         for event in output.events:
             tail = codec.frame_tail(codec.EVENTS_TOPIC, event.SerializeToString())
-            items.append((MX_EVENT, (event.address, event.identifier, tuple(event.topics)), codec.EVENTS_TOPIC, tail))
+            items.append(block_item(Stream.EVENT, (event.address, event.identifier, tuple(event.topics)),
+                                    codec.EVENTS_TOPIC, tail))
         if output.txs.txs:
-            items.append((MX_ALL, None, codec.BLOCK_TXS_TOPIC,
-                          codec.frame_tail(codec.BLOCK_TXS_TOPIC, output.txs.SerializeToString())))
+            items.append(block_item(Stream.ALL, None, codec.BLOCK_TXS_TOPIC,
+                                    codec.frame_tail(codec.BLOCK_TXS_TOPIC, output.txs.SerializeToString())))
         if output.scrs.scrs:
-            items.append((MX_ALL, None, codec.BLOCK_SCRS_TOPIC,
-                          codec.frame_tail(codec.BLOCK_SCRS_TOPIC, output.scrs.SerializeToString())))
+            items.append(block_item(Stream.ALL, None, codec.BLOCK_SCRS_TOPIC,
+                                    codec.frame_tail(codec.BLOCK_SCRS_TOPIC, output.scrs.SerializeToString())))
         return output.hash, items
     if isinstance(output, mx_hub_pb2.RevertEvent):
         topic = codec.REVERT_TOPIC
     else:
         topic = codec.FINALIZED_TOPIC
-    return output.hash, [(MX_BLOCK, None, topic, codec.frame_tail(topic, output.SerializeToString()))]
+    return output.hash, [block_item(Stream.BLOCK, None, topic, codec.frame_tail(topic, output.SerializeToString()))]
 
 
 class NodeIngestDialect(Dialect):
@@ -124,10 +127,10 @@ class NodeIngestDialect(Dialect):
             acknowledge()
             return
         gateway = self.gateway
-        meta = (gateway.id, gateway.next_seq(), t0, DIALECT, frame.topic, block_hash)
+        meta = contract.event_meta(gateway.id, gateway.next_seq(), t0, DIALECT, frame.topic, block_hash)
         gateway.accepted(meta, frame.counter, len(data), -1)
         counts[frame.topic] += 1
-        counts["events"] += sum(1 for item in items if item[0] == MX_EVENT)
+        counts["events"] += sum(1 for stream, _, _, _ in items if stream == Stream.EVENT)
         if not items:
             acknowledge()
             return
@@ -147,7 +150,7 @@ class NodeIngestDialect(Dialect):
                 acknowledge()
 
         for link in links:
-            gateway.shards.send(link, ("mxpub", items, meta), taken)
+            gateway.shards.send(link, mx.publish(items, meta), taken)
 
 
 class NodeSession(DialectSession):

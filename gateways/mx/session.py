@@ -22,10 +22,12 @@ import time
 from collections import Counter, deque
 from typing import Any
 
+from actors.mx import contract as mx
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from router.config import MxConfig
+from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
 
@@ -144,10 +146,10 @@ class HubSession(DialectSession):
             return
         self.subscriptions += 1
         gateway = self.gateway
-        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, "subscribe", subscription.level)
+        meta = gateway.event_meta(DIALECT, "subscribe", subscription.level)
         gateway.accepted(meta, frame.counter, len(data), self.wire.id)
         counter, with_ack = frame.counter, frame.with_acknowledge
-        self.shards.send(self.link, ("mxsub", self.wire.id, subscription),
+        self.shards.send(self.link, mx.subscribe(self.wire.id, subscription),
                          lambda result: self._subscribed(result, counter, with_ack))
 
     def _subscribed(self, result: Any, counter: int, with_ack: bool) -> None:
@@ -266,4 +268,4 @@ class HubSession(DialectSession):
         self.dialect.queued_total -= len(self.queue)
         self.queue.clear()
         if self.subscriptions:
-            self.shards.send(self.link, ("purge", self.wire.id))
+            self.shards.send(self.link, contract.purge(self.wire.id))

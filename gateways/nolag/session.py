@@ -22,14 +22,19 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
+from actors.nolag import contract as nolag
+from actors.nolag.contract import (LobbyChange, LobbySpec, PresenceChange, SubscriptionRecord, actor_key, room_key,
+                                   topic_key)
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from router.config import NolagConfig
+from router import contract
+from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable
 from actors.nolag.keys import KeyRecord, KeyStore, month_of, pattern_matches
 from router.ratelimit import TokenBucket
@@ -43,21 +48,9 @@ CHECKPOINT_S = 5.0  # how often a connection tells its session shard where to re
 ENVELOPE_ALLOWANCE = 4096  # a frame may exceed the data limit by this much (its other fields)
 
 
-def topic_key(project: str, topic: str) -> str:
-    return f"nolag/{project}/{topic}"
-
-
-def room_key(project: str, room: str | None) -> str:
-    return f"nolag-room/{project}/{room or ''}"
-
-
 def room_of(topic: str) -> str:
     """``app/room/topic`` → ``room``: presence rooms are the middle segment of topic slugs."""
     return topic.split("/")[1]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class NolagDialect(Dialect):
@@ -163,8 +156,30 @@ class _Subscription:
     def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
         self.topic, self.qos, self.filters, self.load_balance, self.group = topic, qos, filters, load_balance, group
 
-    def record(self) -> tuple:
-        return (self.qos, self.filters, self.load_balance, self.group)
+    def record(self) -> SubscriptionRecord:
+        return SubscriptionRecord(self.qos, self.filters, self.load_balance, self.group)
+
+
+class _Item(NamedTuple):
+    """A message on its way to this connection (live, held during a replay, or replayed)."""
+
+    topic: str
+    packed: bytes
+    msg_id: str | None
+    qos: int
+    filter: str | None
+    ts_ms: int
+    meta: tuple | None
+    is_replay: bool
+
+
+class _Unacked:
+    """A QoS 1/2 frame written and not yet acknowledged."""
+
+    __slots__ = ("frame", "ts_ms", "attempts", "due", "qos", "topic")
+
+    def __init__(self, frame: bytes, ts_ms: int, due: float, qos: int, topic: str) -> None:
+        self.frame, self.ts_ms, self.attempts, self.due, self.qos, self.topic = frame, ts_ms, 1, due, qos, topic
 
 
 class NolagSession(DialectSession):
@@ -182,7 +197,7 @@ class NolagSession(DialectSession):
         self.positions: dict[str, int] = {}  # topic -> shard timestamp of the last message written here
         self.rooms: dict[str, int] = {}  # rooms this connection is in through its subscriptions
         self.lobbies: set[str] = set()
-        self.unacked: OrderedDict[str, list] = OrderedDict()  # msg id -> [frame, ts_ms, attempts, due, qos]
+        self.unacked: OrderedDict[str, _Unacked] = OrderedDict()  # msg id -> its frame, oldest first
         # Acknowledgements are opt-in: a client that never acks (the nolag SDK 2.6.0 does not) is not
         # sent each message again and again; one that has acked once gets redeliveries.
         self.acks_seen = False
@@ -201,7 +216,7 @@ class NolagSession(DialectSession):
                 self._send(HEARTBEAT)
             return
         gateway = self.gateway
-        meta = (gateway.id, gateway.next_seq(), time.time_ns(), DIALECT, None, None)
+        meta = gateway.event_meta(DIALECT)
         size = len(data)
         try:
             if size > self.config.max_message_bytes + ENVELOPE_ALLOWANCE:
@@ -210,7 +225,7 @@ class NolagSession(DialectSession):
                                         f"{self.config.max_message_bytes}")
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
-            meta = (*meta[:4], kind, getattr(request, "topic", None))
+            meta = contract.retag(meta, kind, getattr(request, "topic", None))
             if self.key is not None and self.bucket.take(time.monotonic()):
                 raise codec.nolag_error("rate_limit_exceeded", f"more than {self.bucket.rate:g} messages per second",
                                         getattr(request, "topic", None), getattr(request, "msg_ref", None))
@@ -245,11 +260,11 @@ class NolagSession(DialectSession):
                 self.unacked.pop(msg_id, None)
         elif isinstance(request, codec.Presence):
             key = room_key(self.project, request.room_id)
-            self._ask(key, ("npres", key, self.wire.id, self.actor, request.data, now_ms()), None)
+            self._ask(key, nolag.presence(key, self.wire.id, self.actor, request.data, now_ms()), None)
         elif isinstance(request, codec.GetPresence):
             key = room_key(self.project, request.room_id)
             room = request.room_id
-            self._ask(key, ("nplist", key), lambda entries: self._send(codec.presence_list(room, entries)))
+            self._ask(key, nolag.presence_list(key), lambda entries: self._send(codec.presence_list(room, entries)))
         elif isinstance(request, codec.LobbySubscribe):
             self._lobby(request.lobby_id, subscribe=True)
         elif isinstance(request, codec.LobbyUnsubscribe):
@@ -275,9 +290,9 @@ class NolagSession(DialectSession):
                                   key.rate_limit_per_s or self.config.rate_limit_per_s, time.monotonic())
         version = min(request.protocol_version, codec.MAX_PROTOCOL_VERSION)
         if not request.reconnect:
-            self._ask_session(("nreset", self.actor), lambda _: self._authenticated(version, []))
+            self._ask_session(nolag.actor_reset(self.actor), lambda _: self._authenticated(version, []))
             return
-        self._ask_session(("nget", self.actor), lambda state: self._restore(version, state))
+        self._ask_session(nolag.actor_get(self.actor), lambda state: self._restore(version, state))
 
     def _authenticated(self, version: int, restored: list[str]) -> None:
         self.authenticating = False
@@ -328,12 +343,12 @@ class NolagSession(DialectSession):
                 records.extend(result)
             pending[0] -= 1
             if pending[0] == 0:
-                records.sort(key=lambda record: record[2])
+                records.sort(key=lambda record: record.ts_ms)
                 self._end_replay(records[: self.config.max_replay])
 
         for topic in topics:
             key = topic_key(self.project, topic)
-            self._ask(key, ("nlog", key, resume[topic], self.config.max_replay), collected, failures=True)
+            self._ask(key, nolag.log(key, resume[topic], self.config.max_replay), collected, failures=True)
 
     def _end_replay(self, records: list) -> None:
         """Send what was missed (replayStart, messages, replayEnd), then the live ones held meanwhile."""
@@ -346,14 +361,14 @@ class NolagSession(DialectSession):
             qos = min(qos, sub.qos)
             if qos == 2 and msg_id in self.seen_qos2:
                 continue  # exactly once: the actor had it before it went away
-            items.append((topic, packed, msg_id, qos, filter_, ts_ms, None, True))
+            items.append(_Item(topic, packed, msg_id, qos, filter_, ts_ms, None, True))
         if items:
-            self._send(codec.replay_start(len(items), items[0][5], items[-1][5]))
+            self._send(codec.replay_start(len(items), items[0].ts_ms, items[-1].ts_ms))
             for item in items:
                 self._deliver(*item)
             self._send(codec.replay_end(len(items)))
-            replayed = {item[2] for item in items}
-            held = [item for item in held if item[2] is None or item[2] not in replayed]
+            replayed = {item.msg_id for item in items}
+            held = [item for item in held if item.msg_id is None or item.msg_id not in replayed]
         for item in held:
             self._deliver(*item)
 
@@ -376,7 +391,7 @@ class NolagSession(DialectSession):
                 return
             self._send(codec.subscribed(topic, request.load_balance))
             self.positions.setdefault(topic, result)  # the topic's last message when we joined
-            self._ask_session(("nsave", self.actor, topic, sub.record(), self.positions[topic]), None)
+            self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), self.positions[topic]), None)
             url = self.dialect.hydration_url(topic)
             if url is not None:
                 self._spawn(self._hydrate(url, topic))
@@ -388,29 +403,29 @@ class NolagSession(DialectSession):
         fresh = topic not in self.subs
         self.subs[topic] = sub
         key = topic_key(self.project, topic)
-        self._ask(key, ("nsub", key, self.wire.id, self.actor, sub.filters, sub.qos, sub.group), done,
+        self._ask(key, nolag.subscribe(key, self.wire.id, self.actor, sub.filters, sub.qos, sub.group), done,
                   failures=True)  # answers the topic's position
         if fresh:
             room = room_of(topic)
             self.rooms[room] = self.rooms.get(room, 0) + 1
             if self.rooms[room] == 1:
                 rkey = room_key(self.project, room)
-                self._ask(rkey, ("nroom", rkey, self.wire.id, True), None)
+                self._ask(rkey, nolag.room(rkey, self.wire.id, True), None)
 
     def _unsubscribe(self, topic: str) -> None:
         sub = self.subs.pop(topic, None)
         if sub is None:
             raise codec.nolag_error("not_subscribed", f"not subscribed to {topic}", topic)
         key = topic_key(self.project, topic)
-        self._ask(key, ("nunsub", key, self.wire.id), None)
+        self._ask(key, nolag.unsubscribe(key, self.wire.id), None)
         self.positions.pop(topic, None)
-        self._ask_session(("nsave", self.actor, topic, None, None), None)
+        self._ask_session(nolag.actor_save(self.actor, topic, None, None), None)
         room = room_of(topic)
         self.rooms[room] -= 1
         if not self.rooms[room]:
             del self.rooms[room]
             rkey = room_key(self.project, room)
-            self._ask(rkey, ("nroom", rkey, self.wire.id, False), None)
+            self._ask(rkey, nolag.room(rkey, self.wire.id, False), None)
         self._send(codec.unsubscribed(topic))
 
     def _set_filters(self, request: codec.SetFilters) -> None:
@@ -419,9 +434,9 @@ class NolagSession(DialectSession):
             raise codec.nolag_error("not_subscribed", f"not subscribed to {request.topic}", request.topic)
         sub.filters = request.filters
         key = topic_key(self.project, request.topic)
-        self._ask(key, ("nfilters", key, self.wire.id, request.filters),
+        self._ask(key, nolag.set_filters(key, self.wire.id, request.filters),
                   lambda _: self._send(codec.filters_updated(request.topic, request.filters)))
-        self._ask_session(("nsave", self.actor, request.topic, sub.record(), None), None)
+        self._ask_session(nolag.actor_save(self.actor, request.topic, sub.record(), None), None)
 
     async def _hydrate(self, url: str, topic: str) -> None:
         app, room, name = topic.split("/")
@@ -449,8 +464,8 @@ class NolagSession(DialectSession):
         msg_id = str(uuid.uuid4()) if stored else None
         key = topic_key(self.project, topic)
         exclude = None if request.echo else self.wire.id
-        command = ("npub", key, topic, request.data_packed, request.qos, request.filter, exclude, msg_id, now_ms(),
-                   self.actor, meta)
+        command = nolag.publish(key, topic, request.data_packed, request.qos, request.filter, exclude, msg_id,
+                                self.actor, meta)
         if ref is None:
             self._ask(key, command, None)
         else:
@@ -459,22 +474,21 @@ class NolagSession(DialectSession):
     def on_event(self, payload: Any) -> None:
         if self.closed:
             return
-        kind = payload[0]
-        if kind == "m":
-            _, topic, packed, msg_id, qos, filter_, ts_ms, sender, meta = payload
+        if type(payload) is tuple:  # a nolag.Message layout: the hot path
+            topic, packed, msg_id, qos, filter_, ts_ms, sender, meta = payload
             sub = self.subs.get(topic)
             if sub is None:
                 return
-            item = (topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, meta, False)
+            item = _Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, meta, False)
             if self.replaying is not None:
                 self.replaying.append(item)
             else:
                 self._deliver(*item)
-        elif kind == "p":
-            _, room, event, actor, presence, joined_at = payload
+        elif isinstance(payload, PresenceChange):
+            room, event, actor, presence, joined_at = payload
             self._send(codec.presence_event(event, actor, presence, joined_at, room))
-        elif kind == "l":
-            _, lobby, room, event, actor, data = payload
+        elif isinstance(payload, LobbyChange):
+            lobby, room, event, actor, data = payload
             if lobby in self.lobbies:
                 self._send(codec.lobby_presence(event, lobby, room, actor, data))
 
@@ -496,7 +510,7 @@ class NolagSession(DialectSession):
                     self.seen_qos2.popitem(last=False)
             if len(self.unacked) >= self.config.max_unacked:
                 self.unacked.popitem(last=False)
-            self.unacked[msg_id] = [frame, ts_ms, 1, time.monotonic() + self.config.ack_timeout_s, qos, topic]
+            self.unacked[msg_id] = _Unacked(frame, ts_ms, time.monotonic() + self.config.ack_timeout_s, qos, topic)
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
@@ -508,10 +522,11 @@ class NolagSession(DialectSession):
             raise NolagError("unknown_lobby", None, f"no lobby {lobby_id!r} is configured")
         if subscribe is False:
             self.lobbies.discard(lobby_id)
-            self._ask_all(("nlunsub", lobby_id, self.wire.id), lambda _: self._send(codec.lobby_unsubscribed(lobby_id)))
+            self._ask_all(nolag.lobby_unsubscribe(lobby_id, self.wire.id),
+                          lambda _: self._send(codec.lobby_unsubscribed(lobby_id)))
             return
-        spec = (self.project, tuple(lobby.rooms) if lobby.rooms is not None else None, lobby.prefix)
-        command = ("nlsub", lobby_id, spec, self.wire.id, bool(subscribe))
+        spec = LobbySpec(self.project, tuple(lobby.rooms) if lobby.rooms is not None else None, lobby.prefix)
+        command = nolag.lobby_subscribe(lobby_id, spec, self.wire.id, bool(subscribe))
         if subscribe:
             self.lobbies.add(lobby_id)
 
@@ -546,21 +561,20 @@ class NolagSession(DialectSession):
             self._redeliver(now)
         if now - self.last_checkpoint > CHECKPOINT_S and self.subs:
             self.last_checkpoint = now
-            self._ask_session(("ncheck", self.actor, self._resume()), None)
+            self._ask_session(nolag.actor_checkpoint(self.actor, self._resume()), None)
 
     def _redeliver(self, now: float) -> None:
         config = self.config
         for msg_id, entry in list(self.unacked.items()):
-            frame, ts_ms, attempts, due, qos, _ = entry
-            if due > now or qos == 2:
+            if entry.due > now or entry.qos == 2:
                 continue  # QoS 2 is never sent twice to an actor: it waits for its ack only
-            if attempts >= config.max_attempts:
+            if entry.attempts >= config.max_attempts:
                 del self.unacked[msg_id]  # given up: it stays in the log for a reconnect's replay
                 continue
-            self._send(frame)
+            self._send(entry.frame)
             self.dialect.redelivered += 1
-            entry[2] = attempts + 1
-            entry[3] = now + config.ack_timeout_s * config.ack_backoff ** attempts
+            entry.due = now + config.ack_timeout_s * config.ack_backoff ** entry.attempts
+            entry.attempts += 1
 
     def _resume(self) -> dict[str, int]:
         """Per topic, where a reconnect replays from: the last message written to this connection,
@@ -571,9 +585,9 @@ class NolagSession(DialectSession):
         resume = dict(self.positions)
         if self.acks_seen:
             for entry in self.unacked.values():
-                topic, ts_ms = entry[5], entry[1]
-                if topic in resume and ts_ms - 1 < resume[topic]:
-                    resume[topic] = ts_ms - 1
+                topic = entry.topic
+                if topic in resume and entry.ts_ms - 1 < resume[topic]:
+                    resume[topic] = entry.ts_ms - 1
         return resume
 
     def disconnect(self, reason: str) -> None:
@@ -598,8 +612,8 @@ class NolagSession(DialectSession):
             return
         shards, connection_id = self.shards, self.wire.id
         for link in shards.all(TOPIC):
-            shards.send(link, ("purge", connection_id))
-        self._ask_session(("nleave", self.actor, self._resume(), list(self.seen_qos2)[-1000:]), None)
+            shards.send(link, contract.purge(connection_id))
+        self._ask_session(nolag.actor_leave(self.actor, self._resume(), list(self.seen_qos2)[-1000:]), None)
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -642,7 +656,7 @@ class NolagSession(DialectSession):
             if not self.closed and on_result is not None:
                 on_result(None if isinstance(result, (ShardUnavailable, CommandError)) else result)
 
-        shards.send(shards.link(SESSION, "nolag/" + command[1]), command, done)
+        shards.send(shards.link(SESSION, actor_key(self.actor)), command, done)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

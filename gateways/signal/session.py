@@ -17,7 +17,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from actors.shards import DELIVER_TEXT
+from actors.signal import contract as signal
+from actors.signal.contract import REGISTRY, topic_key
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.signal import codec
 from gateways.signal.auth import AuthError, Identity, TokenVerifier
@@ -26,7 +27,9 @@ from router.config import SignalHubConfig
 from router.errors import CommandError, ShardUnavailable
 from router.patterns import PatternError, compile_pattern
 from router.ratelimit import TokenBucket
-from router.shardmap import REGISTRY, SESSION, TOPIC
+from router import contract
+from router.contract import DELIVER_TEXT, now_ms
+from router.shardmap import TOPIC
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +49,6 @@ REQUIRED_CAPABILITY = {
     "hub:unsubscribe": "subscribe",
     "hub:publish": "publish",
 }
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def topic_key(topic: str) -> str:
-    """Signal Hub topics live under ``signal/`` in the core topic namespace."""
-    return "signal/" + topic
 
 
 class SignalHubDialect(Dialect):
@@ -175,7 +169,8 @@ class SignalSession(DialectSession):
         """
         meta = self._current_meta
         if meta is None:
-            meta = self._current_meta = (self.gateway.id, self._seq, self._t0, DIALECT, kind, self._topic)
+            meta = self._current_meta = contract.event_meta(self.gateway.id, self._seq, self._t0, DIALECT, kind,
+                                                            self._topic)
         return meta
 
     def on_tick(self, now: float) -> None:
@@ -326,10 +321,6 @@ class SignalSession(DialectSession):
         for index, link in enumerate(links):
             self.shards.send(link, command, lambda result, index=index: collect(index, result))
 
-    def _tell(self, kind: str, key: str, command: tuple) -> None:
-        shards = self.shards
-        shards.send(shards.link(kind, key), command)
-
     # -- connection lifecycle -------------------------------------------------------------
 
     def _connect(self, request: Request) -> None:
@@ -348,8 +339,6 @@ class SignalSession(DialectSession):
         self.token_expires_ms = identity.expires_at_ms
         if self.session_id is None:
             self.session_id = "sess_" + secrets.token_hex(12)
-        self._tell(SESSION, self.session_id, ("open", self.session_id, DIALECT, self.wire.id, self.identity,
-                                              list(identity.capabilities)))
         self._reply(request, "hub:connected", {
             "sessionId": self.session_id,
             "actorIdentity": self.identity,
@@ -387,9 +376,7 @@ class SignalSession(DialectSession):
     def _cleanup_then(self, request: Request, session_id: str | None, then: Callable[[], None]) -> None:
         """Purge the connection from every topic and registry shard, reply, then ``then()``."""
         slot = self._slot()
-        links = [(link, ("purge", self.wire.id)) for link in self.shards.all(TOPIC) + self.shards.all(REGISTRY)]
-        if session_id is not None:
-            links.append((self.shards.link(SESSION, session_id), ("close", session_id)))
+        links = self.shards.all(TOPIC) + self.shards.all(REGISTRY)
         remaining = [len(links)]
         ok = [True]
 
@@ -404,8 +391,8 @@ class SignalSession(DialectSession):
             then()
 
         self.cleaned = True
-        for link, command in links:
-            self.shards.send(link, command, collect)
+        for link in links:
+            self.shards.send(link, contract.purge(self.wire.id), collect)
 
     def _cleanup(self) -> None:
         """Fire-and-forget purge when the connection ends without hub:disconnect."""
@@ -413,9 +400,7 @@ class SignalSession(DialectSession):
             return
         self.cleaned = True
         for link in self.shards.all(TOPIC) + self.shards.all(REGISTRY):
-            self.shards.send(link, ("purge", self.wire.id))
-        if self.session_id is not None:
-            self._tell(SESSION, self.session_id, ("close", self.session_id))
+            self.shards.send(link, contract.purge(self.wire.id))
 
     # -- registration ---------------------------------------------------------------------
 
@@ -432,7 +417,6 @@ class SignalSession(DialectSession):
         session_id = self.session_id
 
         def registered(registration: Any) -> dict:
-            self._tell(SESSION, session_id, ("record", session_id, "registration", address, True))
             return {
                 "actorAddress": registration.address,
                 "renewalToken": registration.renewal_token,
@@ -441,18 +425,16 @@ class SignalSession(DialectSession):
             }
 
         self._ask(request, REGISTRY, address,
-                  ("register", address, self.wire.id, session_id, capabilities, metadata, ttl),
+                  signal.register(address, self.wire.id, session_id, capabilities, metadata, ttl),
                   registered, "hub:registered")
 
     def _unregister(self, request: Request) -> None:
         address = codec.address_field(request.payload, "actorAddress", request.sender)
-        session_id = self.session_id
 
         def unregistered(at: int) -> dict:
-            self._tell(SESSION, session_id, ("record", session_id, "registration", address, False))
             return {"actorAddress": address, "unregisteredAt": at}
 
-        self._ask(request, REGISTRY, address, ("unregister", address, self.wire.id), unregistered,
+        self._ask(request, REGISTRY, address, signal.unregister(address, self.wire.id), unregistered,
                   "hub:unregistered")
 
     def _renew(self, request: Request) -> None:
@@ -461,7 +443,7 @@ class SignalSession(DialectSession):
         token = codec.string_field(payload, "renewalToken", 256)
         config = self.config
         ttl = min(codec.int_field(payload, "ttl", config.default_ttl_ms, 1, 2**53), config.max_ttl_ms)
-        self._ask(request, REGISTRY, address, ("renew", address, self.wire.id, token, ttl),
+        self._ask(request, REGISTRY, address, signal.renew(address, self.wire.id, token, ttl),
                   lambda r: {"actorAddress": r.address, "expiresAt": r.expires_at,
                              "newRenewalToken": r.renewal_token},
                   "hub:renewed")
@@ -499,7 +481,7 @@ class SignalSession(DialectSession):
             return {"actors": page, "count": len(page), "hasMore": offset + len(page) < total,
                     "totalMatches": total}
 
-        self._ask_all(request, REGISTRY, ("discover", pattern, capabilities, metadata or None, window), merge,
+        self._ask_all(request, REGISTRY, signal.discover(pattern, capabilities, metadata or None, window), merge,
                       "hub:discovery_result")
 
     # -- messaging ------------------------------------------------------------------------
@@ -528,7 +510,7 @@ class SignalSession(DialectSession):
             self._fill_error(slot, request, error)
 
         shards = self.shards
-        shards.send(shards.link(REGISTRY, target), ("send", target, request.raw, DELIVER_TEXT, meta), sent)
+        shards.send(shards.link(REGISTRY, target), signal.send(target, request.raw, DELIVER_TEXT, meta), sent)
 
     def _broadcast(self, request: Request) -> None:
         exclude_self = request.payload.get("excludeSelf", False)
@@ -540,7 +522,7 @@ class SignalSession(DialectSession):
             total = sum(results)
             return {"recipientCount": total, "successCount": total, "failureCount": 0}
 
-        self._ask_all(request, REGISTRY, ("broadcast", request.raw, DELIVER_TEXT, exclude, self._meta(request.type)),
+        self._ask_all(request, REGISTRY, signal.broadcast(request.raw, DELIVER_TEXT, exclude, self._meta(request.type)),
                       counted, "hub:broadcast_ack")
 
     # -- pub/sub --------------------------------------------------------------------------
@@ -554,30 +536,26 @@ class SignalSession(DialectSession):
         topic = self._topic_of(request)
         address = request.payload.get("actorAddress", request.sender)
         address = codec.normalize_address(address) or request.sender
-        session_id = self.session_id
 
         def subscribed(_: bool) -> dict:
-            self._tell(SESSION, session_id, ("record", session_id, "subscription", topic, True))
             return {"topic": topic, "subscribedAt": now_ms()}
 
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, ("sub", key, self.wire.id, address), subscribed, "hub:subscribed")
+        self._ask(request, TOPIC, key, contract.subscribe(key, self.wire.id, address), subscribed, "hub:subscribed")
 
     def _unsubscribe(self, request: Request) -> None:
         topic = self._topic_of(request)
-        session_id = self.session_id
 
         def unsubscribed(_: bool) -> dict:
-            self._tell(SESSION, session_id, ("record", session_id, "subscription", topic, False))
             return {"topic": topic, "unsubscribedAt": now_ms()}
 
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, ("unsub", key, self.wire.id), unsubscribed, "hub:unsubscribed")
+        self._ask(request, TOPIC, key, contract.unsubscribe(key, self.wire.id), unsubscribed, "hub:unsubscribed")
 
     def _publish(self, request: Request) -> None:
         topic = self._topic_of(request)
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, ("pub", key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
+        self._ask(request, TOPIC, key, contract.publish(key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
                   lambda count: {"topic": topic, "subscriberCount": count, "deliveredCount": count},
                   "hub:delivery_ack")
 

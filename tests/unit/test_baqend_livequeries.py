@@ -9,7 +9,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.baqend.documents import DocumentTable, MemoryDocumentStore, reader
-from actors.baqend.livequeries import QuerySpec, QueryTable
+from actors.baqend.contract import InitialResult, Write
+from actors.baqend.livequeries import QuerySpec
+from actors.baqend.livequeries import QueryTable as _QueryTable
+
+
+def _tagged(outputs):
+    """Outputs as (route, ("result", key, documents) | ("match", key, events, meta))."""
+    return None if outputs is None else [
+        (route, ("result", *payload) if isinstance(payload, InitialResult) else ("match", *payload))
+        for route, payload in outputs]
+
+
+class QueryTable(_QueryTable):
+    def load(self, key, scans):
+        return _tagged(super().load(key, scans))
+
+    def apply(self, source, epoch, items):
+        return _tagged(super().apply(source, epoch, items))
 
 ROUTE = ("gw", 1)
 NOW = "2026-01-01T00:00:00.000Z"
@@ -30,7 +47,7 @@ class Source:
         else:
             before, after = self.table.delete("Todo", key, None)
         self.seq += 1
-        return ("Todo", before, after, operation, self.seq, None)
+        return Write("Todo", before, after, operation, self.seq, None)
 
     def scan(self) -> tuple:
         return (self.index, self.epoch, self.seq, self.table.scan("Todo"))

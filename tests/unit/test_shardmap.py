@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from router.shardmap import (
-    GATEWAY_PREFIX,
-    REGISTRY,
-    SESSION,
-    SHARD_KINDS,
-    TOPIC,
-    gateway_name,
-    shard_index,
-    shard_name,
-)
+from actors.signal.contract import REGISTRY
+from gateways.dialects import shard_kinds
+from router.config import load_settings
+from router.shardmap import GATEWAY_PREFIX, SESSION, TOPIC, gateway_name, shard_index, shard_name
 
 # Computed once from xxhash.xxh64 (seed 0) of the UTF-8 key: these must never change, or keys
 # would move between shards across versions of the router.
@@ -59,4 +53,4 @@ def test_names():
     assert shard_name(REGISTRY, 12) == "registry-shard-12"
     assert gateway_name("g1") == "gateway-g1"
     assert GATEWAY_PREFIX == "gateway-"
-    assert SHARD_KINDS == ("session", "topic", "registry")
+    assert shard_kinds(load_settings(baqend={"enabled": False})) == ("session", "topic", "registry")

@@ -1,22 +1,37 @@
-"""TopicShard's dialect commands without Ray: retained values (Cashu) and mx filters, through handle()."""
+"""A topic shard's dialect components without Ray: retained values (Cashu) and mx filters, through handle()."""
 
 from __future__ import annotations
 
 import pytest
 
+from actors.cashu import contract as cashu
+from actors.cashu.retained import MemoryRetainedStore, RetainedValues
+from actors.cashu.shard import CashuRetained
+from actors.mx import contract as mx
+from actors.mx.contract import Stream
 from actors.mx.match import Subscription
-from actors.cashu.retained import MemoryRetainedStore
-from actors.shards import DELIVER_EVENT, MX_ALL, MX_BLOCK, MX_EVENT, TopicShard
+from actors.mx.shard import MxFilters
+from actors.pubsub import PubSub
+from actors.shard import Shard
+from router import contract
+from router.contract import DELIVER_EVENT
+from router.shardmap import TOPIC
 from gateways.mx import codec, generator, node
 from gateways.mx.ingest import block_items
 from gateways.mx.session import wants_acknowledge
 from router.config import load_settings
 
 
+MX_EVENT, MX_BLOCK, MX_ALL = Stream.EVENT, Stream.BLOCK, Stream.ALL
+
+
 @pytest.fixture
-def shard(tmp_path) -> TopicShard:
+def shard(tmp_path) -> Shard:
     settings = load_settings(data_dir=tmp_path, metrics={"enabled": False})
-    return TopicShard(0, settings, store=MemoryRetainedStore())
+    shard = Shard(TOPIC, 0, settings, (PubSub, CashuRetained, MxFilters))
+    shard.store = MemoryRetainedStore()
+    shard.component(CashuRetained)._retained = RetainedValues(shard.store)
+    return shard
 
 
 def items_of(bundle):
@@ -24,17 +39,17 @@ def items_of(bundle):
 
 
 def test_rsub_returns_the_current_value_and_rset_delivers_newer_ones(shard):
-    results, bundle = shard.handle("g", [("rsub", "k", 1), ("rset", "k", b"v1", None), ("rsub", "k", 2)])
+    results, bundle = shard.handle("g", [cashu.subscribe("k", 1), cashu.set_state("k", b"v1"), cashu.subscribe("k", 2)])
     assert results == [None, (1, 1), (1, b"v1")]
     assert items_of(bundle) == [(DELIVER_EVENT, ("k", 1, b"v1", None), (1,), None)]
-    results, bundle = shard.handle("g", [("rset", "k", b"v2", ("meta",))])
+    results, bundle = shard.handle("g", [cashu.set_state("k", b"v2", ("meta",))])
     assert results == [(2, 2)]
     assert items_of(bundle) == [(DELIVER_EVENT, ("k", 2, b"v2", ("meta",)), (1, 2), None)]
-    assert shard._store.rows == {"k": (2, b"v2")}  # committed before the batch returned
+    assert shard.store.rows == {"k": (2, b"v2")}  # committed before the batch returned
 
 
 def test_rinit_stores_only_when_absent(shard):
-    results, bundle = shard.handle("g", [("rsub", "q", 5), ("rinit", "q", b"fetched", None), ("rinit", "q", b"late", None)])
+    results, bundle = shard.handle("g", [cashu.subscribe("q", 5), cashu.init_state("q", b"fetched"), cashu.init_state("q", b"late")])
     assert results == [None, (1, b"fetched"), (1, b"fetched")]
     assert items_of(bundle) == [(DELIVER_EVENT, ("q", 1, b"fetched", None), (5,), None)]
 
@@ -44,11 +59,11 @@ def test_mx_filters_select_events_once_per_connection(shard):
     normalized = node.normalize_save_block(saved)
     block_hash, items = block_items(normalized)
     first = normalized.events[0]
-    shard.handle("g", [("mxsub", 1, Subscription("All")),
-                       ("mxsub", 2, Subscription("Address", address=first.address)),
-                       ("mxsub", 2, Subscription("Identifier", identifier=first.identifier)),
-                       ("mxsub", 3, Subscription("Identifier", identifier="nothing-like-this"))])
-    results, bundle = shard.handle("g", [("mxpub", items, None)])
+    shard.handle("g", [mx.subscribe(1, Subscription("All")),
+                       mx.subscribe(2, Subscription("Address", address=first.address)),
+                       mx.subscribe(2, Subscription("Identifier", identifier=first.identifier)),
+                       mx.subscribe(3, Subscription("Identifier", identifier="nothing-like-this"))])
+    results, bundle = shard.handle("g", [mx.publish(items)])
     delivered = items_of(bundle)
     to = {}
     for kind, (topic, tail, meta), connections, _ in delivered:
@@ -63,11 +78,11 @@ def test_mx_filters_select_events_once_per_connection(shard):
     # revert / finalized reach every connection with a filter
     _, revert_items = block_items(node.normalize_revert(saved.BlockData))
     assert revert_items[0][0] == MX_BLOCK
-    _, bundle = shard.handle("g", [("mxpub", revert_items, None)])
+    _, bundle = shard.handle("g", [mx.publish(revert_items)])
     assert sorted(items_of(bundle)[0][2]) == [1, 2, 3]
     # a closed connection's filters go with its purge
-    shard.handle("g", [("purge", 1)])
-    _, bundle = shard.handle("g", [("mxpub", items, None)])
+    shard.handle("g", [contract.purge(1)])
+    _, bundle = shard.handle("g", [mx.publish(items)])
     assert all(1 not in connections for _, _, connections, _ in items_of(bundle))
 
 

@@ -1,0 +1,60 @@
+"""mx-notifier hub's part of a topic shard: the consumers' filters, each event matched once for all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.mx.contract import Op, Stream, mx_event
+from actors.mx.match import MxMatchIndex, Subscription
+from actors.shard import Component, Handler
+from router.contract import DELIVER_EVENT, Location, group_by_gateway
+
+
+class MxFilters(Component):
+    name = "mx"
+
+    def __init__(self, shard: Any) -> None:
+        super().__init__(shard)
+        self.index = MxMatchIndex()
+
+    def operations(self) -> dict[str, Handler]:
+        return {Op.SUBSCRIBE: self.subscribe, Op.PUBLISH: self.publish}
+
+    def subscribe(self, gateway_id: str, connection_id: int, subscription: Subscription) -> bool:
+        return self.index.add((gateway_id, connection_id), subscription)
+
+    def publish(self, gateway_id: str, items: list[tuple], meta: tuple | None = None) -> int:
+        """Deliver a block's items to the connections they select; returns the deliveries.
+
+        The payload delivered is an ``MxEvent`` layout: (topic, tail, meta).
+        """
+        index = self.index
+        if index.empty:
+            return 0
+        delivered = 0
+        everyone = None
+        for stream, fields, topic, tail in items:
+            if stream == Stream.EVENT:
+                keys = index.match_fields(*fields)
+            elif stream == Stream.BLOCK:
+                keys = everyone if everyone is not None else index.connections()
+                everyone = keys
+            else:
+                keys = index.all_connections()
+            if not keys:
+                continue
+            self.emit(group_by_gateway(keys), mx_event(topic, tail, meta), DELIVER_EVENT)
+            delivered += len(keys)
+        return delivered
+
+    def purge_connection(self, location: Location) -> None:
+        self.index.remove_connection(location)
+
+    def purge_gateway(self, gateway_id: str) -> int:
+        gone = [location for location in self.index.connections() if location[0] == gateway_id]
+        for location in gone:
+            self.index.remove_connection(location)
+        return len(gone)
+
+    def stats(self) -> dict[str, Any]:
+        return {} if self.index.empty else {"mx": self.index.stats()}

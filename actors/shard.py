@@ -1,0 +1,257 @@
+"""A shard: one Ray actor process holding many logical actors, built from dialect components.
+
+The base (:class:`Shard`) owns what every shard kind shares: the batch loop, delivery bundles
+(emit, flush, per-gateway sequence numbers and the epoch), the lane and the Ray handles of
+gateways. Everything a dialect keeps in a shard is a :class:`Component`: it declares the
+operations it answers and implements the hooks the base calls on *every* component, so a
+component cannot be left out of a purge, a commit or a restore:
+
+- ``purge_connection(location)``: a connection closed (the core ``purge`` operation);
+- ``purge_gateway(gateway_id)``: a gateway died; forget every connection it held;
+- ``before_batch()`` / ``after_batch()``: timers, and committing what the batch stored before its
+  results leave the shard (an acknowledged write is durable);
+- ``stats()``: counters for ``router status``;
+- ``restore()``: the shard (re)started; rebuild what a previous incarnation held.
+
+A command is ``(op, *fields)`` (see :mod:`router.contract`); a batch returns one result per
+command (a value, or a :class:`CommandError`: a failing command never fails the batch) and the
+bundle of deliveries for the calling gateway. Bundles for other gateways go over their lanes, or
+by a ``deliver`` Ray call when a gateway has none.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import uuid
+from typing import Any, Callable, Iterable
+
+import ray
+
+from router import contract
+from router.contract import Location, Op, Routes
+from router.errors import CommandError
+from router.lane import LaneServer
+from router.metrics import ShardMetrics
+from router.proc import tune_gc
+from router.shardmap import gateway_name, shard_name
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[..., Any]
+
+
+class Component:
+    """What one dialect (or the core) keeps in one kind of shard.
+
+    Subclasses set ``name`` and return their handlers from :meth:`operations`; each handler is
+    called as ``handler(gateway_id, *fields)``. The hooks default to doing nothing.
+    """
+
+    name = ""
+
+    def __init__(self, shard: "Shard") -> None:
+        self.shard = shard
+        self.settings = shard.settings
+
+    def operations(self) -> dict[str, Handler]:
+        return {}
+
+    def purge_connection(self, location: Location) -> None:
+        """A connection closed: forget everything it held here."""
+
+    def purge_gateway(self, gateway_id: str) -> int:
+        """A gateway died: forget every connection it held here; returns how many connections."""
+        return 0
+
+    def before_batch(self) -> None:
+        """A batch starts (``shard.now`` is set): run timers."""
+
+    def after_batch(self) -> None:
+        """A batch ran: commit what it stored, before its results leave the shard."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self) -> None:
+        """The shard started (first time, or restarted by Ray with a new epoch): rebuild what a
+        previous incarnation held from where it was persisted. Soft state that only clients hold
+        is re-announced by their gateways instead."""
+
+    # -- helpers for components -----------------------------------------------------------
+
+    def emit(self, routes: Routes, payload: Any, kind: int, meta: tuple | None = None) -> None:
+        self.shard.emit(routes, payload, kind, meta)
+
+    @property
+    def now(self) -> int:
+        """Epoch ms at the start of the current batch."""
+        return self.shard.now
+
+
+class Shard:
+    """One shard of ``kind``: the base plus one instance of each of ``components``."""
+
+    def __init__(self, kind: str, index: int, settings: Any, components: Iterable[type[Component]]) -> None:
+        self.kind = kind
+        self.index = index
+        self.name = shard_name(kind, index)
+        self.namespace = settings.namespace
+        self.settings = settings
+        self.epoch = uuid.uuid4().hex[:12]
+        self.now = contract.now_ms()
+        self._seq: dict[str, int] = {}
+        self._gateways: dict[str, Any] = {}
+        self._outbox: dict[str, list[tuple]] = {}
+        self._metrics = (ShardMetrics(self.name, kind, settings.metrics.interval_s)
+                         if settings.metrics.enabled else None)
+        self._batches = 0
+        self._commands = 0
+        self._lock = threading.RLock()
+        self._lane: LaneServer | None = None
+        self.components: list[Component] = []
+        for component in components:  # in order: one may use those before it (``component()``)
+            self.components.append(component(self))
+        self._ops: dict[str, Handler] = {Op.PURGE: self._purge_connection, Op.STATS: self._stats_op}
+        for component in self.components:
+            for op, handler in component.operations().items():
+                if op in self._ops:
+                    raise ValueError(f"{self.name}: operation {op!r} is declared twice")
+                self._ops[op] = handler
+        tune_gc()
+        for component in self.components:
+            component.restore()
+
+    def component(self, component_type: type[Component]) -> Any:
+        """This shard's instance of ``component_type`` (for a component built on another)."""
+        for component in self.components:
+            if isinstance(component, component_type):
+                return component
+        raise LookupError(f"{self.name} has no {component_type.__name__}")
+
+    # -- the gateway-facing entry points --------------------------------------------------
+
+    def open_lane(self, node_id: str | None = None) -> tuple:
+        """The address and secret of this shard's lane (started on first use): a Unix socket for a
+        gateway on this node, TCP on the node's address for one elsewhere."""
+        with self._lock:
+            if self._lane is None:
+                self._lane = LaneServer(self.name, self.handle)
+                gc.freeze()  # the first gateway arrives once the shard is built: keep that out of scans
+            lane = self._lane
+        if node_id is not None and node_id == ray.get_runtime_context().get_node_id():
+            return ("unix", lane.unix_address(), lane.secret)
+        host, port = lane.tcp_address(ray.util.get_node_ip_address())
+        return ("tcp", host, port, lane.secret)
+
+    def handle(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None]:
+        with self._lock:
+            return self._handle(gateway_id, commands)
+
+    def _handle(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None]:
+        self.now = contract.now_ms()
+        components = self.components
+        for component in components:
+            component.before_batch()
+        self._batches += 1
+        self._commands += len(commands)
+        if self._metrics is not None:
+            self._metrics.batch(len(commands))
+        results: list[Any] = []
+        ops = self._ops
+        for command in commands:
+            try:
+                results.append(ops[command[0]](gateway_id, *command[1:]))
+            except CommandError as error:
+                results.append(error)
+            except Exception as error:  # a bug must not take the batch down with it
+                logger.exception("%s: command %r failed", self.name, command[0])
+                results.append(CommandError("internal_error", f"{type(error).__name__}: {error}"))
+        for component in components:
+            component.after_batch()
+        return results, self._flush(gateway_id)
+
+    def purge_gateway(self, gateway_id: str) -> int:
+        """The gateway is gone: every component forgets its connections; its channel goes too."""
+        with self._lock:
+            self._gateways.pop(gateway_id, None)
+            self._seq.pop(gateway_id, None)
+            self._outbox.pop(gateway_id, None)
+            if self._lane is not None:
+                self._lane.drop(gateway_id)
+            purged = 0
+            for component in self.components:
+                purged = max(purged, component.purge_gateway(gateway_id) or 0)
+            self._flush(gateway_id)  # e.g. presence leaves of its actors, to the other gateways
+            return purged
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            lanes = None if self._lane is None else sorted(self._lane.connected())
+            return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "pid": os.getpid(),
+                    "batches": self._batches, "commands": self._commands, "lanes": lanes, **self.stats()}
+
+    def stats(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for component in self.components:
+            merged.update(component.stats())
+        return merged
+
+    def _stats_op(self, gateway_id: str) -> dict[str, Any]:
+        return self.stats()
+
+    def _purge_connection(self, gateway_id: str, connection_id: int) -> bool:
+        """Every component forgets the connection."""
+        location = (gateway_id, connection_id)
+        for component in self.components:
+            component.purge_connection(location)
+        return True
+
+    # -- deliveries -----------------------------------------------------------------------
+
+    def emit(self, routes: Routes, payload: Any, kind: int, meta: tuple | None) -> None:
+        outbox = self._outbox
+        for gateway_id, connection_ids in routes.items():
+            item = contract.delivery(kind, payload, connection_ids, meta)
+            items = outbox.get(gateway_id)
+            if items is None:
+                outbox[gateway_id] = [item]
+            else:
+                items.append(item)
+
+    def _flush(self, caller: str) -> tuple | None:
+        if not self._outbox:
+            return None
+        outbox, self._outbox = self._outbox, {}
+        local = None
+        for gateway_id, items in outbox.items():
+            seq = self._seq.get(gateway_id, 0)
+            self._seq[gateway_id] = seq + 1
+            bundle = contract.bundle(self.name, self.epoch, seq, items)
+            if gateway_id == caller:
+                local = bundle
+                continue
+            if self._lane is not None and self._lane.push(gateway_id, bundle):
+                continue
+            handle = self._gateway(gateway_id)
+            if handle is not None:
+                handle.deliver.remote(bundle)
+        return local
+
+    def _gateway(self, gateway_id: str) -> Any:
+        handle = self._gateways.get(gateway_id)
+        if handle is None:
+            try:
+                handle = ray.get_actor(gateway_name(gateway_id), namespace=self.namespace)
+            except ValueError:
+                logger.warning("%s: gateway %s is gone; dropping its state", self.name, gateway_id)
+                self.purge_gateway(gateway_id)
+                return None
+            self._gateways[gateway_id] = handle
+        return handle
+
+
+# Ray restarts a crashed shard (with a new epoch); a command is never retried (it may have run).
+ShardActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(Shard)
