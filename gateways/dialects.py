@@ -80,7 +80,8 @@ def _nolag_build(gateway, config):
 
 
 def _baqend_components():
-    from actors.baqend.shard import DOCUMENT, QUERY, BaqendDocuments, BaqendQueries
+    from actors.baqend.contract import DOCUMENT, QUERY
+    from actors.baqend.shard import BaqendDocuments, BaqendQueries
 
     return {DOCUMENT: (BaqendDocuments,), QUERY: (BaqendQueries,)}
 

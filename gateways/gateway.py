@@ -248,8 +248,7 @@ class Gateway:
 
     def event_meta(self, dialect: str, kind: str | None = None, topic: str | None = None) -> tuple:
         """The meta of a message entering now (``router.contract.EventMeta``)."""
-        self._seq += 1
-        return contract.event_meta(self.id, self._seq, time.time_ns(), dialect, kind, topic)
+        return contract.event_meta(self.id, self.next_seq(), time.time_ns(), dialect, kind, topic)
 
     def accepted(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int) -> None:
         _, seq, ingress_ns, dialect, _, _ = meta

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+DOCUMENT = "document"  # shard kind: documents, by object id
+QUERY = "query"  # shard kind: real-time queries, by subscription key
+
 
 class Op:
     # document shards

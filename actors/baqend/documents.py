@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 import orjson
 
 from router.errors import CommandError
-from router.sqlite import open_wal
+from router.sqlite import open_wal, write_transaction
 
 Document = dict[str, Any]
 Principals = frozenset[str]  # "/db/User/<id>", "/db/Role/<name>"; empty = anonymous
@@ -326,9 +326,7 @@ class SqliteDocumentStore(DocumentStore):
             yield orjson.loads(body)
 
     def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db) as db:
             for oid, bucket, document in rows:
                 if document is None:
                     db.execute("DELETE FROM documents WHERE id = ?", (oid,))
@@ -336,10 +334,6 @@ class SqliteDocumentStore(DocumentStore):
                     db.execute("INSERT INTO documents (id, bucket, body) VALUES (?, ?, ?) ON CONFLICT(id) "
                                "DO UPDATE SET bucket = excluded.bucket, body = excluded.body",
                                (oid, bucket, orjson.dumps(document)))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()

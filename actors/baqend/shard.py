@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from actors.baqend.contract import Op, Scan, Write, writes
+from actors.baqend.contract import QUERY, Op, Scan, Write, writes
 from actors.baqend.documents import NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable, reader
 from actors.baqend.livequeries import QueryTable
 from actors.baqend.mongoquery import QueryError, compile_query
@@ -17,10 +17,6 @@ from router.errors import CommandError
 from router.shardmap import shard_index, shard_name
 
 logger = logging.getLogger(__name__)
-
-DOCUMENT = "document"  # shard kind: documents, by object id
-QUERY = "query"  # shard kind: real-time queries, by subscription key
-
 
 class BaqendDocuments(Component):
     """The documents whose id hashes to this shard.

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
-from router.sqlite import open_wal
+from router.sqlite import open_wal, write_transaction
 
 
 
@@ -68,18 +68,12 @@ class SqliteRetainedStore(RetainedStore):
         return None if row is None else Retained(row[0], bytes(row[1]))
 
     def save(self, rows: list[tuple[str, int, bytes]]) -> None:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db) as db:
             db.executemany(
                 "INSERT INTO retained (key, version, payload) VALUES (?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET version = excluded.version, payload = excluded.payload",
                 rows,
             )
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()

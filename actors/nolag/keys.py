@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
-from router.sqlite import open_wal
+from router.sqlite import open_wal, write_transaction
 
 ENVIRONMENTS = ("live", "sandbox")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -205,25 +205,17 @@ class KeyStore:
         if count < 0:
             raise ValueError("count must be 0 or more")
         month = month_of(self._clock() if now is None else now)
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db) as db:  # the read and the write in one transaction
             row = db.execute("SELECT monthly_quota FROM keys WHERE key_id = ?", (key_id,)).fetchone()
             if row is None:
-                db.execute("ROLLBACK")
-                return False
+                return False  # nothing written: the commit ends an empty transaction
             used = db.execute("SELECT count FROM usage WHERE key_id = ? AND month = ?", (key_id, month)).fetchone()
             used = 0 if used is None else used[0]
             if row[0] is not None and used + count > row[0]:
-                db.execute("ROLLBACK")
                 return False
             db.execute("INSERT INTO usage (key_id, month, count) VALUES (?, ?, ?) "
                        "ON CONFLICT (key_id, month) DO UPDATE SET count = count + excluded.count",
                        (key_id, month, count))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         return True
 
     def usage(self, key_id: str, month: str) -> int:

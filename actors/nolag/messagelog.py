@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
-from router.sqlite import open_wal
+from router.sqlite import open_wal, write_transaction
 
 Retention = Callable[[str], "int | None"]  # topic -> milliseconds to keep, None: forever
 
@@ -73,18 +73,12 @@ class SqliteMessageLog(MessageLog):
         rows = [(r.topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter) for r in records]
         if not rows:
             return 0
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db) as db:
             before = db.total_changes
             # only a repeated msgId is skipped; any other constraint still fails the whole batch
             db.executemany("INSERT INTO messages (topic, msg_id, ts_ms, data, qos, filter) "
                            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (msg_id) DO NOTHING", rows)
             added = db.total_changes - before
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         return added
 
     def since(self, topics: list[str], after_ts_ms: int, limit: int, newest: bool = False) -> list[LogRecord]:
@@ -112,16 +106,10 @@ class SqliteMessageLog(MessageLog):
         cuts = [(topic, now_ms - keep) for topic in topics if (keep := retention(topic)) is not None]
         if not cuts:
             return 0
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db) as db:
             before = db.total_changes
             db.executemany("DELETE FROM messages WHERE topic = ? AND ts_ms < ?", cuts)
             removed = db.total_changes - before
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         return removed
 
     def count(self) -> int:

@@ -25,8 +25,7 @@ from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse,
 from router.config import BaqendConfig
 from router.errors import CommandError, ShardUnavailable
 from actors.baqend import contract as baqend
-from actors.baqend.contract import InitialResult, object_key
-from actors.baqend.shard import DOCUMENT, QUERY
+from actors.baqend.contract import DOCUMENT, QUERY, InitialResult, object_key
 from router import contract
 
 logger = logging.getLogger(__name__)

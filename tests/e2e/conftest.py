@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,30 @@ def make_token(actor: str, capabilities: list[str] | None = None, expires_in: fl
         **claims,
     }
     return jwt.encode(body, secret, algorithm=algorithm)
+
+
+def free_consecutive_ports(count: int) -> int:
+    """A base port with ``count`` free ports from it (a router's gateways listen on port + i)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for offset in range(count):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", base + offset))
+                sockets.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no consecutive free ports")
 
 
 @pytest.fixture(scope="session")

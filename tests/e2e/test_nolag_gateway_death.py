@@ -16,17 +16,17 @@ in its rooms (no ``leave`` is ever sent).
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
 import ray
 
-from gateways.nolag.session import room_key, room_of, topic_key
+from actors.nolag.contract import room_key, topic_key
 from actors.nolag.keys import KeyStore
+from gateways.nolag.session import room_of
 from router.shardmap import shard_index
 from tests.e2e.client import run
-from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.conftest import RunningRouter, free_consecutive_ports, start_router
 from tests.e2e.nolag_client import Client
 
 pytestmark = pytest.mark.e2e
@@ -38,29 +38,6 @@ ROOM = "hall"  # a presence room: the victim is present there without subscribin
 ROOM_TOPIC = f"chat/{ROOM}/messages"  # the observer's subscription: it makes it a member of ROOM
 TOPIC_SHARDS = 2
 COUNT = 10
-
-
-def _free_consecutive_ports(count: int) -> int:
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for offset in range(count):
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(("127.0.0.1", base + offset))
-                sockets.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no consecutive free ports")
 
 
 class DeathRouter:
@@ -79,7 +56,7 @@ class DeathRouter:
 def nolag_death(ray_runtime, tmp_path_factory) -> DeathRouter:
     data_dir = tmp_path_factory.mktemp("nolag-death-data")
     running = start_router(
-        namespace="e2e-nolag-death", data_dir=data_dir, port=_free_consecutive_ports(2), gateways=2,
+        namespace="e2e-nolag-death", data_dir=data_dir, port=free_consecutive_ports(2), gateways=2,
         ray_dashboard=False, shards={"session": 2, "topic": TOPIC_SHARDS, "registry": 1},
         signal={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False}, baqend={"enabled": False},
         gateway={"sweep_interval_s": 0.1},

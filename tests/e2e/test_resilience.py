@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 
 import pytest
@@ -12,35 +11,12 @@ import ray
 from websockets.exceptions import ConnectionClosed
 
 from tests.e2e.client import HubClient, run
-from tests.e2e.conftest import start_router
-
-
-def _free_consecutive_ports(count: int) -> int:
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for offset in range(count):
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(("127.0.0.1", base + offset))
-                sockets.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no consecutive free ports")
+from tests.e2e.conftest import free_consecutive_ports, start_router
 
 
 @pytest.fixture(scope="module")
 def fragile(ray_runtime, tmp_path_factory):
-    port = _free_consecutive_ports(2)
+    port = free_consecutive_ports(2)
     running = start_router(
         namespace="e2e-fragile", port=port, gateways=2, ray_dashboard=False,
         data_dir=tmp_path_factory.mktemp("fragile-data"),
