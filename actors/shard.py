@@ -214,7 +214,7 @@ class Shard:
     def emit(self, routes: Routes, payload: Any, kind: int, meta: tuple | None) -> None:
         outbox = self._outbox
         for gateway_id, connection_ids in routes.items():
-            item = contract.delivery(kind, payload, connection_ids, meta)
+            item = (kind, payload, connection_ids, meta)  # router.contract.Delivery, inline: once per route
             items = outbox.get(gateway_id)
             if items is None:
                 outbox[gateway_id] = [item]
