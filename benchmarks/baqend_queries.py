@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/baqend_queries.json")
     args = parser.parse_args()
 
-    from router.config import load_settings
+    from router.settings import load_settings
     from router.runtime import Router
 
     with tempfile.TemporaryDirectory() as data_dir:

@@ -115,7 +115,7 @@ def _pusher(http_url: str, quotes: list[str], rounds: int, batch: int, concurren
 
 
 def run(args: argparse.Namespace, data_dir: str) -> dict:
-    from router.config import load_settings
+    from router.settings import load_settings
     from router.runtime import Router
     from gateways.cashu.feed import StateFeed
 

@@ -107,7 +107,7 @@ def plan(consumers: int, seed: int, transactions: int) -> list[tuple]:
 
 def run(args: argparse.Namespace, data_dir: str) -> dict:
     from gateways.mx import generator, node
-    from router.config import load_settings
+    from router.settings import load_settings
     from router.runtime import Router
 
     settings = load_settings(

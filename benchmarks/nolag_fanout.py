@@ -108,7 +108,7 @@ def _publisher(url: str, token: str, qos: int, messages: int, window: int, start
 
 
 def run(args: argparse.Namespace, qos: int, data_dir: str) -> dict:
-    from router.config import load_settings
+    from router.settings import load_settings
     from actors.nolag.keys import KeyStore
     from router.runtime import Router
 

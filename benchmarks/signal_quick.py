@@ -153,7 +153,7 @@ def run_latency(send_url: str, recv_url: str, samples: int) -> dict:
 
 def measure(args: argparse.Namespace, eventlog: bool, data_dir: str) -> tuple[dict, list[dict]]:
     """Start a router, run the scenarios against it, stop it."""
-    from router.config import load_settings
+    from router.settings import load_settings
     from router.runtime import Router
 
     settings = load_settings(port=0, gateways=args.gateways, namespace=f"bench-{os.getpid()}", ray_dashboard=False,

@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from router.config import BaqendConfig, CashuConfig, MxConfig, NolagConfig, SignalHubConfig
+from actors.baqend.contract import DOCUMENT, QUERY
+from actors.signal.contract import REGISTRY
+from gateways.baqend.config import BaqendConfig
+from gateways.cashu.config import CashuConfig
+from gateways.mx.config import MxConfig
+from gateways.nolag.config import NolagConfig
+from gateways.signal.config import SignalHubConfig
 from router.shardmap import SESSION, TOPIC
 
 if TYPE_CHECKING:
@@ -21,15 +27,16 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class DialectSpec:
     name: str  # its configuration section (``[nolag]``), and how metrics and the event log name it
-    config: type  # the section's pydantic model
+    config: type  # the section's pydantic model (router/settings.py adds it to the settings)
     # What it adds to which shard kind, imported only where shards are built.
     components: Callable[[], dict[str, tuple[type, ...]]]
     # Its gateway-side dialects (one per endpoint), imported only in gateways.
     build: Callable[[Any, Any], list["Dialect"]]
+    # Shard kinds of its own (beyond the core's session and topic); each gets a `shards.<kind>` count.
+    kinds: tuple[str, ...] = ()
 
 
 def _signal_components():
-    from actors.signal.contract import REGISTRY
     from actors.signal.shard import SignalRegistry
 
     return {REGISTRY: (SignalRegistry,)}
@@ -80,7 +87,6 @@ def _nolag_build(gateway, config):
 
 
 def _baqend_components():
-    from actors.baqend.contract import DOCUMENT, QUERY
     from actors.baqend.shard import BaqendDocuments, BaqendQueries
 
     return {DOCUMENT: (BaqendDocuments,), QUERY: (BaqendQueries,)}
@@ -93,11 +99,11 @@ def _baqend_build(gateway, config):
 
 
 DIALECTS: tuple[DialectSpec, ...] = (
-    DialectSpec("signal", SignalHubConfig, _signal_components, _signal_build),
+    DialectSpec("signal", SignalHubConfig, _signal_components, _signal_build, kinds=(REGISTRY,)),
     DialectSpec("cashu", CashuConfig, _cashu_components, _cashu_build),
     DialectSpec("mx", MxConfig, _mx_components, _mx_build),
     DialectSpec("nolag", NolagConfig, _nolag_components, _nolag_build),
-    DialectSpec("baqend", BaqendConfig, _baqend_components, _baqend_build),
+    DialectSpec("baqend", BaqendConfig, _baqend_components, _baqend_build, kinds=(DOCUMENT, QUERY)),
 )
 
 

@@ -24,7 +24,7 @@ from gateways.dialect import HttpRequest, HttpResponse, HttpRoute
 from gateways.dialects import build_dialects, shard_kinds
 from gateways.server import Connection, Listener, frame_header
 from gateways.shardclient import DeliverySequencer, ShardClient
-from router.config import RouterSettings
+from router.settings import RouterSettings
 from router import contract
 from router.contract import DELIVER_EVENT, DELIVER_TEXT
 from router.eventlog import EventLog

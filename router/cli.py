@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from router import __version__
-from router.config import CASHU_KINDS, ConfigError, RouterSettings, load_settings
+from gateways.cashu.config import CASHU_KINDS
+from router.config import ConfigError
+from router.settings import RouterSettings, load_settings
 
 logger = logging.getLogger("router")
 

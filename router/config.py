@@ -3,7 +3,11 @@
 Precedence, highest first: command-line flags, environment variables
 (``ROUTER_PORT=9000``, nested with ``__``: ``ROUTER_SIGNAL__RATE_LIMIT_PER_MINUTE=600``),
 the config file (``--config router.toml`` or ``ROUTER_CONFIG=router.toml``), then the defaults below.
-Invalid values fail at start with a message naming the field (:func:`load_settings`).
+Invalid values fail at start with a message naming the field (:func:`load`).
+
+This module holds the core's sections (host and ports, shards, gateway tuning, analytics, metrics)
+and the loader. Each dialect's section lives with the dialect (``gateways/<dialect>/config.py``);
+``router/settings.py`` composes them into the full settings from the dialect table.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ import os
 import threading
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,8 +29,9 @@ from pydantic_settings import (
 
 KIB = 1024
 MIB = 1024 * 1024
+SHARDS_DEFAULT = 2  # actors per shard kind
+MAX_SHARDS = 1024
 
-ALL_SIGNAL_CAPABILITIES = ("send", "receive", "discover", "broadcast", "publish", "subscribe")
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 PUBLIC_KEY_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
 
@@ -95,302 +100,12 @@ class SignalAuthConfig(_Section):
         return self.public_key_file.read_text()
 
 
-class SignalHubConfig(_Section):
-    """Signal Hub dialect (``signal-hub-protocol.md``)."""
-
-    enabled: bool = True
-    path: UrlPath = "/signal"
-    port: int | None = Field(default=None, ge=0, le=65535)
-    protocol_version: str = "1.0"
-    hub_address: str = "cloudflare/signal-hub"
-    auth: SignalAuthConfig = Field(default_factory=SignalAuthConfig)
-    # Capabilities granted when auth is disabled.
-    anonymous_capabilities: list[str] = Field(default_factory=lambda: list(ALL_SIGNAL_CAPABILITIES))
-    # Token bucket per connection: `rate_limit_per_minute` refill, `rate_limit_burst` capacity.
-    rate_limit_per_minute: float = Field(default=100, gt=0)
-    rate_limit_burst: int | None = Field(default=None, ge=1)
-    max_message_bytes: int = Field(default=512 * KIB, ge=64)
-    max_frame_bytes: int = Field(default=1 * MIB, ge=64)
-    heartbeat_timeout_s: float = Field(default=60, gt=0)
-    max_actors: int = Field(default=50_000, ge=1)
-    default_ttl_ms: int = Field(default=300_000, ge=1)
-    max_ttl_ms: int = Field(default=86_400_000, ge=1)
-    discover_default_limit: int = Field(default=100, ge=1)
-    discover_max_limit: int = Field(default=1000, ge=1)
-    max_discover_offset: int = Field(default=100_000, ge=0)
-    max_pattern_length: int = Field(default=256, ge=1, le=4096)
-    max_topic_length: int = Field(default=256, ge=1, le=4096)
-    # Per registration: bounds what 50,000 registrations can cost a registry shard.
-    max_capabilities: int = Field(default=64, ge=1)
-    max_metadata_bytes: int = Field(default=16 * KIB, ge=2)
-    # A request that waits longer than this for a shard gets `timeout`.
-    request_timeout_s: float = Field(default=10, gt=0)
-    # Bytes queued to a slow client before further deliveries to it are dropped (counted as failed).
-    max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-    @field_validator("anonymous_capabilities")
-    @classmethod
-    def _known_capabilities(cls, value: list[str]) -> list[str]:
-        unknown = set(value) - set(ALL_SIGNAL_CAPABILITIES)
-        if unknown:
-            raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {list(ALL_SIGNAL_CAPABILITIES)}")
-        return value
-
-    @model_validator(mode="after")
-    def _limits_consistent(self) -> "SignalHubConfig":
-        if self.max_message_bytes > self.max_frame_bytes:
-            raise ValueError("max_message_bytes must not exceed max_frame_bytes")
-        if self.discover_default_limit > self.discover_max_limit:
-            raise ValueError("discover_default_limit must not exceed discover_max_limit")
-        if self.default_ttl_ms > self.max_ttl_ms:
-            raise ValueError("default_ttl_ms must not exceed max_ttl_ms")
-        return self
-
-    @property
-    def endpoint(self) -> EndpointConfig:
-        return EndpointConfig(path=self.path, port=self.port)
-
-
-CASHU_KINDS = ("bolt11_mint_quote", "bolt11_melt_quote", "bolt12_mint_quote", "bolt12_melt_quote", "proof_state")
-
-
-class CashuSupported(_Section):
-    """One entry of NUT-06 ``nuts.17.supported``: a method-unit pair and the kinds it serves."""
-
-    method: str = Field(min_length=1)
-    unit: str = Field(min_length=1)
-    commands: list[str] = Field(min_length=1)
-
-    @field_validator("commands")
-    @classmethod
-    def _known_kinds(cls, value: list[str]) -> list[str]:
-        unknown = set(value) - set(CASHU_KINDS)
-        if unknown:
-            raise ValueError(f"unknown subscription kinds {sorted(unknown)}; known: {list(CASHU_KINDS)}")
-        return value
-
-
-def _default_cashu_supported() -> list[CashuSupported]:
-    return [
-        CashuSupported(method="bolt11", unit="sat",
-                       commands=["bolt11_mint_quote", "bolt11_melt_quote", "proof_state"]),
-        CashuSupported(method="bolt12", unit="sat",
-                       commands=["bolt12_mint_quote", "bolt12_melt_quote", "proof_state"]),
-    ]
-
-
-class CashuConfig(_Section):
-    """Cashu NUT-17 subscriptions (``cashu-nut17-websockets.md``) and the mint's state feed."""
-
-    enabled: bool = True
-    path: UrlPath = "/v1/ws"
-    port: int | None = Field(default=None, ge=0, le=65535)
-    info_path: UrlPath = "/v1/info"
-    # The mint pushes object states here (POST, API key). No key configured: the feed is off (403).
-    state_path: UrlPath = "/v1/ws/state"
-    state_api_key: SecretStr | None = None
-    max_states_per_push: int = Field(default=1000, ge=1)
-    # NUT-06 `nuts.17.supported`; the kinds listed here are the ones a wallet may subscribe to.
-    supported: list[CashuSupported] = Field(default_factory=_default_cashu_supported, min_length=1)
-    # Other fields of `GET /v1/info` (name, pubkey, version, …) when no mint URL is configured.
-    info: dict[str, Any] = Field(default_factory=lambda: {"name": "ray-ws-router", "version": "ray-ws-router/0.1.0"})
-    max_subscriptions: int = Field(default=100, ge=1)  # per connection
-    max_filters: int = Field(default=1000, ge=1)  # per subscription
-    max_filters_per_connection: int = Field(default=10_000, ge=1)
-    max_filter_length: int = Field(default=256, ge=1, le=4096)
-    max_sub_id_length: int = Field(default=256, ge=1, le=4096)
-    max_message_bytes: int = Field(default=256 * KIB, ge=256)
-    max_frame_bytes: int = Field(default=1 * MIB, ge=256)
-    # NUT-17: wallets send something at least every 30 s; silence for this long means a stale connection.
-    idle_timeout_s: float = Field(default=45, gt=0)
-    rate_limit_per_second: float = Field(default=50, gt=0)
-    rate_limit_burst: int = Field(default=100, ge=1)
-    # A Y the router has never seen: "unspent" answers UNSPENT (as Nutshell), "none" sends nothing (as CDK).
-    unknown_proof_state: Literal["unspent", "none"] = "unspent"
-    # The mint's base URL: unknown objects are fetched from its REST API, `/v1/info` merges its info.
-    mint_url: str | None = None
-    mint_timeout_s: float = Field(default=5, gt=0)
-    mint_info_ttl_s: float = Field(default=60, ge=0)
-    request_timeout_s: float = Field(default=10, gt=0)
-    max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-    @field_validator("mint_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            if not value.startswith(("http://", "https://")):
-                raise ValueError("must be an http:// or https:// URL")
-            value = value.rstrip("/")
-        return value
-
-    @model_validator(mode="after")
-    def _limits_consistent(self) -> "CashuConfig":
-        if self.max_message_bytes > self.max_frame_bytes:
-            raise ValueError("max_message_bytes must not exceed max_frame_bytes")
-        return self
-
-    @property
-    def kinds(self) -> frozenset[str]:
-        return frozenset(kind for entry in self.supported for kind in entry.commands)
-
-
-class MxIngestConfig(_Section):
-    """How block data from a MultiversX node enters (``mx-upstream-notes.md``)."""
-
-    # "server": the node's outport driver dials the router at `path` (its default client mode);
-    # "client": the router dials the node's websocket server at `connect_url` (from gateway 0).
-    mode: Literal["server", "client"] = "server"
-    path: UrlPath = "/save"
-    # None: the router's main port; a number opens a port of its own (22111 is the node's default).
-    port: int | None = Field(default=None, ge=0, le=65535)
-    connect_url: str | None = None
-    # The node's marshaller; "auto" reads each frame's first byte ("{" = JSON).
-    marshaller: Literal["auto", "gogo", "json"] = "auto"
-    reconnect_min_s: float = Field(default=0.5, gt=0)
-    reconnect_max_s: float = Field(default=5.0, gt=0)
-    # The node retries a block until it is acknowledged: duplicates (by block hash) are dropped.
-    dedup_window_s: float = Field(default=1800, gt=0)
-    dedup_max_entries: int = Field(default=100_000, ge=1)
-    max_frame_bytes: int = Field(default=64 * MIB, ge=1024)
-
-    @model_validator(mode="after")
-    def _client_needs_url(self) -> "MxIngestConfig":
-        if self.mode == "client" and not self.connect_url:
-            raise ValueError("mode 'client' needs connect_url (the node's ws://host:port/path)")
-        if self.connect_url is not None and not self.connect_url.startswith(("ws://", "wss://")):
-            raise ValueError("connect_url must be a ws:// or wss:// URL")
-        return self
-
-
-class MxConfig(_Section):
-    """mx-notifier hub (``mx-notifier-hub.md``): node ingest and filtered binary event streams."""
-
-    enabled: bool = True
-    path: UrlPath = "/hub/ws"
-    port: int | None = Field(default=None, ge=0, le=65535)
-    # Text frames on the binary-only endpoint: dropped (counted) or the connection closed with 1003.
-    text_frames: Literal["drop", "close"] = "drop"
-    # Stop-and-wait delivery for connections that do not say (`?ack=1` / `?ack=0` on the URL do).
-    with_acknowledge: bool = False
-    ack_timeout_s: float = Field(default=30, gt=0)
-    # Per connection: frames waiting to be written; reaching it closes the connection with 1013.
-    max_queue_depth: int = Field(default=4096, ge=1)
-    # Per connection, without ACKs: unsent bytes in the socket before frames wait in the queue.
-    max_write_buffer_bytes: int = Field(default=1 * MIB, ge=1024)
-    # Per gateway: frames waiting over all hub connections; above it the deepest queue is closed.
-    max_queued_total: int = Field(default=1_000_000, ge=1)
-    max_subscriptions: int = Field(default=64, ge=1)  # filters per connection
-    max_subscribe_topics: int = Field(default=32, ge=1, le=1024)
-    max_field_length: int = Field(default=256, ge=1, le=4096)
-    max_frame_bytes: int = Field(default=64 * KIB, ge=256)
-    ingest: MxIngestConfig = Field(default_factory=MxIngestConfig)
-
-
-class BaqendConfig(_Section):
-    """Baqend real-time queries (``baqend-realtime-queries.md``) and the REST API they watch."""
-
-    enabled: bool = True
-    path: str = "/v1/events"
-    port: int | None = Field(default=None, ge=0, le=65535)
-    # REST base: GET <rest_path>/connect, <rest_path>/db/<Bucket>[/<key>].
-    rest_path: str = "/v1"
-    # What GET /v1/connect answers as "schema" (the SDK's metamodel: [{"class": "/db/Todo", "fields": {...}}]).
-    schema_: list[dict[str, Any]] = Field(default_factory=list, alias="schema")
-    max_subscriptions: int = Field(default=20, ge=1)  # active per connection (429 beyond)
-    max_message_bytes: int = Field(default=64 * KIB, ge=256)
-    max_frame_bytes: int = Field(default=1 * MIB, ge=256)
-    # The Node SDK drops frames above 1 MiB: a larger initial result is refused with an error message.
-    max_result_bytes: int = Field(default=1_000_000, ge=1024)
-    max_document_bytes: int = Field(default=256 * KIB, ge=256)
-    max_key_length: int = Field(default=256, ge=1, le=4096)
-    # Token validator: JWT (claims `sub` = user id, `roles` = role names) for the documents' acl.
-    auth: SignalAuthConfig = Field(default_factory=SignalAuthConfig)
-    request_timeout_s: float = Field(default=10, gt=0)
-    max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @field_validator("path", "rest_path")
-    @classmethod
-    def _path_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value.rstrip("/") or "/"
-
-
-class NolagLobby(_Section):
-    """A lobby: a configured set of rooms, or every room whose id starts with a prefix."""
-
-    rooms: list[str] | None = None
-    prefix: str | None = None
-
-    @model_validator(mode="after")
-    def _one_of(self) -> "NolagLobby":
-        if (self.rooms is None) == (self.prefix is None):
-            raise ValueError("give exactly one of 'rooms' (a list of room ids) or 'prefix'")
-        return self
-
-
-class NolagHydration(_Section):
-    """A hydration webhook: POSTed on subscribe to topics matching ``topics`` (a key ACL pattern)."""
-
-    topics: str = Field(min_length=1)
-    url: str
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value
-
-
-class NolagConfig(_Section):
-    """NoLag (``nolag-wire-protocol.md``): MessagePack pub/sub with keys, QoS, presence, replay."""
-
-    enabled: bool = True
-    path: UrlPath = "/ws"
-    port: int | None = Field(default=None, ge=0, le=65535)
-    # Keys (`router keys create|list|revoke`); default <data_dir>/keys.sqlite3.
-    keys_path: Path | None = None
-    revocation_poll_s: float = Field(default=1.0, gt=0)
-    auth_timeout_s: float = Field(default=10, gt=0)
-    # Empty binary frames both ways; a client silent for heartbeat_timeout_s is closed.
-    heartbeat_interval_s: float = Field(default=30, gt=0)
-    heartbeat_timeout_s: float = Field(default=90, gt=0)
-    max_message_bytes: int = Field(default=256 * KIB, ge=256)
-    max_frame_bytes: int = Field(default=1 * MIB, ge=256)
-    rate_limit_per_s: float = Field(default=50, gt=0)  # when the key does not set one
-    max_subscriptions: int = Field(default=1000, ge=1)  # per connection
-    max_filters: int = Field(default=100, ge=1, le=100)
-    max_topic_length: int = Field(default=256, ge=8, le=4096)
-    # QoS 1/2: an unacknowledged message is sent again after ack_timeout_s, then x ack_backoff, up to
-    # max_attempts sends; at most max_unacked per connection.
-    ack_timeout_s: float = Field(default=5, gt=0)
-    ack_backoff: float = Field(default=2, ge=1)
-    max_attempts: int = Field(default=5, ge=1)
-    max_unacked: int = Field(default=1000, ge=1)
-    # The message log: QoS >= 1 messages are stored for replay; retention per topic pattern, else the default.
-    log_retention_s: float = Field(default=3600, ge=0)
-    log_retention: dict[str, float] = Field(default_factory=dict)
-    max_replay: int = Field(default=1000, ge=0)
-    lobbies: dict[str, NolagLobby] = Field(default_factory=dict)
-    hydration: list[NolagHydration] = Field(default_factory=list)
-    hydration_timeout_s: float = Field(default=3, gt=0)
-    hydration_retries: int = Field(default=2, ge=0)
-    request_timeout_s: float = Field(default=10, gt=0)
-    max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
-
-
 class ShardsConfig(_Section):
     """How many Ray actors of each kind hold the routing state (keys are hashed onto them)."""
 
-    session: int = Field(default=2, ge=1, le=1024)
-    topic: int = Field(default=2, ge=1, le=1024)
-    registry: int = Field(default=2, ge=1, le=1024)
-    # Baqend real-time queries (started only when baqend.enabled): documents by id, queries by subscription.
-    document: int = Field(default=2, ge=1, le=1024)
-    query: int = Field(default=2, ge=1, le=1024)
+    session: int = Field(default=SHARDS_DEFAULT, ge=1, le=MAX_SHARDS)
+    topic: int = Field(default=SHARDS_DEFAULT, ge=1, le=MAX_SHARDS)
+    # A dialect's own kinds (e.g. `registry`) are added by router/settings.py from the dialect table.
 
 
 class GatewayConfig(_Section):
@@ -442,8 +157,9 @@ def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "ray-ws-router"
 
 
-class RouterSettings(BaseSettings):
-    """Everything the router reads at start. Frozen: actors receive a copy."""
+class CoreSettings(BaseSettings):
+    """What the core reads at start; the full settings add one section per dialect
+    (``router/settings.py``). Frozen: actors receive a copy."""
 
     model_config = SettingsConfigDict(
         env_prefix="ROUTER_",
@@ -464,11 +180,6 @@ class RouterSettings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
-    signal: SignalHubConfig = Field(default_factory=SignalHubConfig)
-    cashu: CashuConfig = Field(default_factory=CashuConfig)
-    mx: MxConfig = Field(default_factory=MxConfig)
-    nolag: NolagConfig = Field(default_factory=NolagConfig)
-    baqend: BaqendConfig = Field(default_factory=BaqendConfig)
     analytics: AnalyticsConfig = Field(default_factory=AnalyticsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
@@ -518,8 +229,11 @@ def _describe(error: ValidationError) -> str:
     return "invalid configuration:\n" + "\n".join(lines)
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> RouterSettings:
-    """Build the settings from defaults, ``config_file`` (or ``$ROUTER_CONFIG``), env and ``overrides``.
+Settings = TypeVar("Settings", bound=CoreSettings)
+
+
+def load(model: type[Settings], config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build ``model`` from defaults, ``config_file`` (or ``$ROUTER_CONFIG``), env and ``overrides``.
 
     Raises :class:`ConfigError` naming every invalid field.
     """
@@ -532,7 +246,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Ro
     with _CONFIG_LOCK:
         _CONFIG_FILE.set(path)
         try:
-            return RouterSettings(**overrides)
+            return model(**overrides)
         except ValidationError as error:
             raise ConfigError(_describe(error)) from None
         except tomllib.TOMLDecodeError as error:

@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actors.shard import ShardActor
 from gateways.dialects import shard_components
 from gateways.gateway import GatewayActor
-from router.config import RouterSettings
+from router.settings import RouterSettings
 from router.shardmap import GATEWAY_PREFIX, SHARD_SUFFIX, gateway_name, shard_name
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from actors.baqend.documents import BAD_REQUEST, EXISTS, FORBIDDEN, NOT_FOUND, P
 from gateways.baqend import codec
 from gateways.baqend.codec import ProtocolError, RestError, Subscribe
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
-from router.config import BaqendConfig
+from gateways.baqend.config import BaqendConfig
 from router.errors import CommandError, ShardUnavailable
 from actors.baqend import contract as baqend
 from actors.baqend.contract import DOCUMENT, QUERY, InitialResult, object_key

@@ -28,7 +28,7 @@ from gateways.cashu import codec
 from gateways.cashu.codec import Heartbeat, Limits, RpcError, StateError, Subscribe, Unsubscribe
 from gateways.cashu.mint import MintClient
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
-from router.config import CashuConfig
+from gateways.cashu.config import CashuConfig
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.ratelimit import TokenBucket

@@ -28,7 +28,7 @@ from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec, node
 from gateways.mx.node import DuplicateSuppressor, Ignored, InvalidNodeFrame, SavedBlock
 from gateways.mx.pb import mx_hub_pb2
-from router.config import MxConfig
+from gateways.mx.config import MxConfig
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC

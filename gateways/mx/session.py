@@ -26,7 +26,7 @@ from actors.mx import contract as mx
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
-from router.config import MxConfig
+from gateways.mx.config import MxConfig
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC

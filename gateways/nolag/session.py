@@ -32,7 +32,7 @@ from actors.nolag.contract import (LobbyChange, LobbySpec, PresenceChange, Subsc
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
-from router.config import NolagConfig
+from gateways.nolag.config import NolagConfig
 from router import contract
 from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable

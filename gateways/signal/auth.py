@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import jwt
 
-from router.config import ALL_SIGNAL_CAPABILITIES, SignalAuthConfig
+from gateways.signal.config import ALL_SIGNAL_CAPABILITIES
+from router.config import SignalAuthConfig
 
 
 class AuthError(Exception):

@@ -23,7 +23,7 @@ from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.signal import codec
 from gateways.signal.auth import AuthError, Identity, TokenVerifier
 from gateways.signal.codec import Request, SignalError
-from router.config import SignalHubConfig
+from gateways.signal.config import SignalHubConfig
 from router.errors import CommandError, ShardUnavailable
 from router.patterns import PatternError, compile_pattern
 from router.ratelimit import TokenBucket

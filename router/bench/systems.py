@@ -163,7 +163,7 @@ class RouterSystem(System):
     def start(self) -> None:
         import ray
 
-        from router.config import load_settings
+        from router.settings import load_settings
         from router.runtime import Router
 
         self.data_dir = tempfile.mkdtemp(prefix="router-bench-")

@@ -18,7 +18,8 @@ import jwt
 import pytest
 import ray
 
-from router.config import ALL_SIGNAL_CAPABILITIES, load_settings
+from gateways.signal.config import ALL_SIGNAL_CAPABILITIES
+from router.settings import load_settings
 from router.runtime import LOCAL_RAY_SYSTEM_CONFIG, Router
 
 SECRET = "e2e-secret-" + "0123456789abcdef" * 4

@@ -79,7 +79,7 @@ def test_rest_helpers():
 
 
 def test_document_and_query_shards_start_only_with_the_dialect():
-    from router.config import load_settings
+    from router.settings import load_settings
     from gateways.dialects import shard_kinds
 
     assert shard_kinds(load_settings()) == ("session", "topic", "registry", "document", "query")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gateways.cashu import codec
 from gateways.cashu.codec import Heartbeat, Limits, RpcError, StateError, Subscribe, Unsubscribe
-from router.config import CASHU_KINDS
+from gateways.cashu.config import CASHU_KINDS
 
 LIMITS = Limits(frozenset(CASHU_KINDS), max_filters=3, max_filter_length=70, max_sub_id_length=10)
 Y = "02e208f9a78cd523444aadf854a4e91281d20f67a923d345239c37f14e137c7c3d"

@@ -8,13 +8,9 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from router.config import (
-    ALL_SIGNAL_CAPABILITIES,
-    ConfigError,
-    EndpointConfig,
-    SignalAuthConfig,
-    load_settings,
-)
+from gateways.signal.config import ALL_SIGNAL_CAPABILITIES
+from router.config import ConfigError, EndpointConfig, SignalAuthConfig
+from router.settings import load_settings
 
 SECRET = "unit-test-secret-" + "0123456789abcdef" * 4
 PEM = "-----BEGIN PUBLIC KEY-----\nnot checked here\n-----END PUBLIC KEY-----\n"

@@ -6,7 +6,7 @@ import pytest
 
 from actors.signal.contract import REGISTRY
 from gateways.dialects import shard_kinds
-from router.config import load_settings
+from router.settings import load_settings
 from router.shardmap import GATEWAY_PREFIX, SESSION, TOPIC, gateway_name, shard_index, shard_name
 
 # Computed once from xxhash.xxh64 (seed 0) of the UTF-8 key: these must never change, or keys

@@ -19,7 +19,7 @@ from router.shardmap import TOPIC
 from gateways.mx import codec, generator, node
 from gateways.mx.ingest import block_items
 from gateways.mx.session import wants_acknowledge
-from router.config import load_settings
+from router.settings import load_settings
 
 
 MX_EVENT, MX_BLOCK, MX_ALL = Stream.EVENT, Stream.BLOCK, Stream.ALL

@@ -1,0 +1,43 @@
+"""The router's full settings: the core's sections plus one section per dialect in the table.
+
+A composition root, like ``router/runtime.py`` and ``router/cli.py``: the core's own modules
+import no dialect, this one reads the dialect table (``gateways/dialects.py``) and adds
+``[<dialect>]`` (its ``DialectSpec.config`` model) and a ``shards.<kind>`` count for every shard
+kind a dialect brings. Environment variables and the TOML file reach the dialect sections as
+before (``ROUTER_NOLAG__MAX_UNACKED=100``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, create_model
+
+from gateways.dialects import DIALECTS
+from router.config import MAX_SHARDS, SHARDS_DEFAULT, CoreSettings, load
+from router.config import ShardsConfig as CoreShards
+
+ShardsConfig = create_model(
+    "ShardsConfig",
+    __base__=CoreShards,
+    __module__=__name__,
+    __doc__=CoreShards.__doc__,
+    **{kind: (int, Field(default=SHARDS_DEFAULT, ge=1, le=MAX_SHARDS))
+       for spec in DIALECTS for kind in spec.kinds},
+)
+
+RouterSettings = create_model(
+    "RouterSettings",
+    __base__=CoreSettings,
+    __module__=__name__,
+    __doc__="Everything the router reads at start. Frozen: actors receive a copy.",
+    shards=(ShardsConfig, Field(default_factory=ShardsConfig)),
+    **{spec.name: (spec.config, Field(default_factory=spec.config)) for spec in DIALECTS},
+)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Any:
+    """The router's settings from defaults, ``config_file`` (or ``$ROUTER_CONFIG``), the
+    environment and ``overrides`` (see :func:`router.config.load`)."""
+    return load(RouterSettings, config_file, **overrides)
