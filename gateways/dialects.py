@@ -34,6 +34,8 @@ class DialectSpec:
     build: Callable[[Any, Any], list["Dialect"]]
     # Shard kinds of its own (beyond the core's session and topic); each gets a `shards.<kind>` count.
     kinds: tuple[str, ...] = ()
+    # Adds its `router <command>`s to the CLI's subparsers, imported only by the CLI.
+    cli: Callable[[Any], None] | None = None
 
 
 def _signal_components():
@@ -48,6 +50,12 @@ def _signal_build(gateway, config):
     return [SignalHubDialect(gateway, config)]
 
 
+def _cashu_cli(subparsers):
+    from gateways.cashu.cli import add_commands
+
+    add_commands(subparsers)
+
+
 def _cashu_components():
     from actors.cashu.shard import CashuRetained
 
@@ -58,6 +66,12 @@ def _cashu_build(gateway, config):
     from gateways.cashu.session import CashuDialect
 
     return [CashuDialect(gateway, config)]
+
+
+def _mx_cli(subparsers):
+    from gateways.mx.cli import add_commands
+
+    add_commands(subparsers)
 
 
 def _mx_components():
@@ -72,6 +86,12 @@ def _mx_build(gateway, config):
 
     hub = MxHubDialect(gateway, config)
     return [hub, NodeIngestDialect(gateway, config, hub)]
+
+
+def _nolag_cli(subparsers):
+    from gateways.nolag.cli import add_commands
+
+    add_commands(subparsers)
 
 
 def _nolag_components():
@@ -100,9 +120,9 @@ def _baqend_build(gateway, config):
 
 DIALECTS: tuple[DialectSpec, ...] = (
     DialectSpec("signal", SignalHubConfig, _signal_components, _signal_build, kinds=(REGISTRY,)),
-    DialectSpec("cashu", CashuConfig, _cashu_components, _cashu_build),
-    DialectSpec("mx", MxConfig, _mx_components, _mx_build),
-    DialectSpec("nolag", NolagConfig, _nolag_components, _nolag_build),
+    DialectSpec("cashu", CashuConfig, _cashu_components, _cashu_build, cli=_cashu_cli),
+    DialectSpec("mx", MxConfig, _mx_components, _mx_build, cli=_mx_cli),
+    DialectSpec("nolag", NolagConfig, _nolag_components, _nolag_build, cli=_nolag_cli),
     DialectSpec("baqend", BaqendConfig, _baqend_components, _baqend_build, kinds=(DOCUMENT, QUERY)),
 )
 

@@ -1,4 +1,4 @@
-"""``router`` command line: serve, status, config."""
+"""``router`` command line: serve, status, analytics, bench, config, and each dialect's commands."""
 
 from __future__ import annotations
 
@@ -12,28 +12,16 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from gateways.dialects import DIALECTS
 from router import __version__
-from gateways.cashu.config import CASHU_KINDS
 from router.config import ConfigError
-from router.settings import RouterSettings, load_settings
+from router.settings import RouterSettings, settings_from_args
 
 logger = logging.getLogger("router")
 
 
-def _settings(args: argparse.Namespace, **extra: Any) -> RouterSettings:
-    overrides = {
-        "host": getattr(args, "host", None),
-        "port": getattr(args, "port", None),
-        "gateways": getattr(args, "gateways", None),
-        "ray_address": getattr(args, "address", None),
-        "namespace": getattr(args, "namespace", None),
-        **extra,
-    }
-    return load_settings(getattr(args, "config", None), **overrides)
-
-
 def _print_endpoints(settings: RouterSettings, endpoints: list[dict[str, Any]]) -> None:
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    host = settings.client_host
     for gateway in endpoints:
         for listener in gateway["listeners"]:
             port = listener["port"]
@@ -43,7 +31,7 @@ def _print_endpoints(settings: RouterSettings, endpoints: list[dict[str, Any]]) 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from_args(args)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from router.runtime import Router  # imports Ray: keep `router --help` fast
 
@@ -76,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from_args(args)
     import ray
 
     from router.runtime import cluster_status
@@ -102,7 +90,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_analytics(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from_args(args)
     from router.analytics import AnalyticsError, parse_duration, parse_instant, run_report, summary_text
 
     def progress(message: str) -> None:
@@ -128,121 +116,6 @@ def cmd_analytics(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cashu_push(args: argparse.Namespace) -> int:
-    """Push object states into the router's Cashu state feed (what a mint does on every change)."""
-    from gateways.cashu.feed import FeedError, StateFeed
-
-    settings = _settings(args)
-    key = args.key or (settings.cashu.state_api_key.get_secret_value() if settings.cashu.state_api_key else None)
-    if not key:
-        print("router cashu push: no API key: pass --key or set cashu.state_api_key", file=sys.stderr)
-        return 2
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    url = args.url or f"http://{host}:{settings.port}"
-    try:
-        payloads = [json.loads(text) for text in (args.payload or sys.stdin.read().splitlines()) if text.strip()]
-    except json.JSONDecodeError as error:
-        print(f"router cashu push: a payload is not JSON: {error}", file=sys.stderr)
-        return 2
-    try:
-        results = StateFeed(url, key, settings.cashu.state_path).push_many((args.kind, p) for p in payloads)
-    except FeedError as error:
-        print(f"router cashu push: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:
-        print(f"router cashu push: cannot reach {url}: {error}", file=sys.stderr)
-        return 1
-    for result in results:
-        print(json.dumps(result))
-    return 0
-
-
-def cmd_mx_generate(args: argparse.Namespace) -> int:
-    """Write generated SaveBlock / FinalizedBlock frames to a file (for `router mx replay`)."""
-    from gateways.mx.replay import generate_file
-
-    counts = generate_file(Path(args.out), args.blocks, args.transactions, args.seed, args.marshaller)
-    print(f"wrote {args.out}: {counts['SaveBlock']} blocks, {counts['events']} log events, "
-          f"{counts['FinalizedBlock']} finalized ({args.marshaller})")
-    return 0
-
-
-def cmd_mx_replay(args: argparse.Namespace) -> int:
-    """Send a file of node frames to the router's /save like a node (stop-and-wait on ACKs)."""
-    import asyncio
-
-    from gateways.mx.replay import replay
-
-    settings = _settings(args)
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    url = args.url or f"ws://{host}:{settings.mx.ingest.port or settings.port}{settings.mx.ingest.path}"
-    try:
-        result = asyncio.run(replay(url, Path(args.file), not args.no_ack))
-    except (OSError, TimeoutError) as error:
-        print(f"router mx replay: {url}: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(result))
-    return 0
-
-
-def _key_store(args: argparse.Namespace):
-    from actors.nolag.keys import KeyStore
-
-    return KeyStore(_settings(args).data_dir / "keys.sqlite3")
-
-
-def cmd_keys_create(args: argparse.Namespace) -> int:
-    from actors.nolag.keys import AclError
-
-    store = _key_store(args)
-    try:
-        token, record = store.create(args.project, "sandbox" if args.sandbox else "live",
-                                     publish=args.publish or ["#"], subscribe=args.subscribe or ["#"],
-                                     rate_limit_per_s=args.rate_limit, monthly_quota=args.monthly_quota)
-    except (AclError, ValueError) as error:
-        print(f"router keys create: {error}", file=sys.stderr)
-        return 2
-    finally:
-        store.close()
-    print(f"key id: {record.key_id}")
-    print(f"token:  {token}")
-    print("the token is shown only once; the router keeps only a hash of its secret", file=sys.stderr)
-    return 0
-
-
-def cmd_keys_list(args: argparse.Namespace) -> int:
-    store = _key_store(args)
-    try:
-        records = store.list()
-    finally:
-        store.close()
-    if args.json:
-        print(json.dumps([record.to_dict() for record in records], indent=2))
-        return 0
-    print(f"{'key id':<16}  {'env':<7}  {'project':<16}  {'rate/s':>6}  {'quota':>10}  {'created (UTC)':<19}  "
-          "revoked  publish | subscribe")
-    for record in records:
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.created_at))
-        quota = "-" if record.monthly_quota is None else str(record.monthly_quota)
-        revoked = "yes" if record.revoked_at is not None else "no"
-        print(f"{record.key_id:<16}  {record.environment:<7}  {record.project_id:<16}  {record.rate_limit_per_s:>6}  "
-              f"{quota:>10}  {created:<19}  {revoked:<7}  {' '.join(record.publish)} | {' '.join(record.subscribe)}")
-    return 0
-
-
-def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    store = _key_store(args)
-    try:
-        revoked = store.revoke(args.key_id)
-    finally:
-        store.close()
-    if not revoked:
-        print(f"router keys revoke: no active key {args.key_id!r}", file=sys.stderr)
-        return 1
-    print(f"revoked {args.key_id}")
-    return 0
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmarks: the router against the raw websockets ceiling and Redis, one run (router/bench)."""
     from router.bench import run
@@ -251,7 +124,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_from_args(args)
     print(settings.model_dump_json(indent=2, exclude={"signal": {"auth": {"secret"}}}))
     return 0
 
@@ -288,55 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     analytics.add_argument("--events", help="event log folder (default <data_dir>/events)")
     analytics.set_defaults(func=cmd_analytics)
 
-    cashu = sub.add_parser("cashu", help="Cashu NUT-17: push mint object states into the router")
-    cashu_sub = cashu.add_subparsers(dest="cashu_command", required=True)
-    push = cashu_sub.add_parser("push", help="store states and notify subscribed wallets")
-    push.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
-    push.add_argument("--url", help="router base URL (default http://<host>:<port> from the config)")
-    push.add_argument("--key", help="the state feed's API key (default: cashu.state_api_key)")
-    push.add_argument("kind", choices=CASHU_KINDS, help="subscription kind of the objects")
-    push.add_argument("payload", nargs="*", help="JSON payloads (NUT-04/05 quote or NUT-07 proof state); "
-                      "none: one per line on stdin")
-    push.set_defaults(func=cmd_cashu_push)
-
-    mx = sub.add_parser("mx", help="mx-notifier hub: generate blocks, replay them as a node")
-    mx_sub = mx.add_subparsers(dest="mx_command", required=True)
-    generate = mx_sub.add_parser("generate", help="write generated SaveBlock frames to a file")
-    generate.add_argument("out", help="file to write (JSON lines)")
-    generate.add_argument("--blocks", type=int, default=10)
-    generate.add_argument("--transactions", type=int, default=20, help="per block")
-    generate.add_argument("--seed", type=int, default=1)
-    generate.add_argument("--marshaller", choices=("gogo", "json"), default="gogo")
-    generate.set_defaults(func=cmd_mx_generate)
-    replay = mx_sub.add_parser("replay", help="send a file of node frames to the router's /save")
-    replay.add_argument("file")
-    replay.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
-    replay.add_argument("--url", help="default ws://<host>:<mx.ingest.port or port><mx.ingest.path>")
-    replay.add_argument("--no-ack", action="store_true", help="do not ask for ACKs (no stop-and-wait)")
-    replay.set_defaults(func=cmd_mx_replay)
-
-    keys = sub.add_parser("keys", help="NoLag API keys: create, list, revoke")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="create a key and print its token (once)")
-    create.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
-    create.add_argument("--project", required=True, help="project id the key belongs to")
-    create.add_argument("--sandbox", action="store_true", help="an at_sandbox_ key (default: at_live_)")
-    create.add_argument("--publish", nargs="+", metavar="PATTERN",
-                        help="topics it may publish to: app/room/topic with *, + (one segment), # (the rest); "
-                        "default #")
-    create.add_argument("--subscribe", nargs="+", metavar="PATTERN", help="topics it may subscribe to; default #")
-    create.add_argument("--rate-limit", type=int, default=50, help="messages per second per connection (default 50)")
-    create.add_argument("--monthly-quota", type=int, default=None, help="messages per calendar month, UTC "
-                        "(default unlimited)")
-    create.set_defaults(func=cmd_keys_create)
-    keys_list = keys_sub.add_parser("list", help="list keys (never their secrets)")
-    keys_list.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
-    keys_list.add_argument("--json", action="store_true")
-    keys_list.set_defaults(func=cmd_keys_list)
-    revoke = keys_sub.add_parser("revoke", help="revoke a key: new connections are refused, live ones closed")
-    revoke.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
-    revoke.add_argument("key_id")
-    revoke.set_defaults(func=cmd_keys_revoke)
+    for spec in DIALECTS:  # each dialect's own commands (`router keys`, `router cashu`, `router mx`)
+        if spec.cli is not None:
+            spec.cli(sub)
 
     bench = sub.add_parser("bench", help="benchmark the router against raw websockets and Redis on this machine")
     from router.bench import add_arguments as add_bench_arguments  # no Ray: `router --help` stays fast

@@ -184,6 +184,11 @@ class CoreSettings(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @property
+    def client_host(self) -> str:
+        """Where a command on this machine reaches the router (not the wildcard it listens on)."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+    @property
     def events_dir(self) -> Path:
         return self.analytics.directory or self.data_dir / "events"
 

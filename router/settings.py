@@ -37,6 +37,19 @@ RouterSettings = create_model(
 )
 
 
+def settings_from_args(args: Any, **extra: Any) -> Any:
+    """The settings for a ``router`` command: its ``--config`` file and the flags it was given."""
+    overrides = {
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "gateways": getattr(args, "gateways", None),
+        "ray_address": getattr(args, "address", None),
+        "namespace": getattr(args, "namespace", None),
+        **extra,
+    }
+    return load_settings(getattr(args, "config", None), **overrides)
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Any:
     """The router's settings from defaults, ``config_file`` (or ``$ROUTER_CONFIG``), the
     environment and ``overrides`` (see :func:`router.config.load`)."""
