@@ -49,21 +49,14 @@ class ConfigError(Exception):
     """The configuration is invalid; the message names the field and what is wrong."""
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A configuration section (``[gateway]``, ``[nolag]``, …): unknown keys are errors, values frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class EndpointConfig(_Section):
-    """Where a dialect is served: a URL path, and optionally a port of its own."""
-
-    path: UrlPath = "/"
-    # None serves the dialect on the router's main port; a number opens a listener of its own
-    # (gateway i of --gateways N listens on port + i; 0 lets the system pick a free port).
-    port: int | None = Field(default=None, ge=0, le=65535)
-
-
-class SignalAuthConfig(_Section):
-    """JWT verification for ``hub:connect`` (spec section 1.3)."""
+class JwtConfig(Section):
+    """JWT verification, for a dialect that takes tokens (Signal's ``hub:connect``, Baqend's acl)."""
 
     enabled: bool = False
     # Pinned list: a token signed with any other algorithm (including "none") is refused.
@@ -76,7 +69,7 @@ class SignalAuthConfig(_Section):
     leeway_s: float = Field(default=0.0, ge=0, le=300)
 
     @model_validator(mode="after")
-    def _keys_match_algorithms(self) -> "SignalAuthConfig":
+    def _keys_match_algorithms(self) -> "JwtConfig":
         unknown = set(self.algorithms) - HMAC_ALGORITHMS - PUBLIC_KEY_ALGORITHMS
         if unknown:
             raise ValueError(f"unsupported algorithms {sorted(unknown)}; use HS*, RS*, ES* or PS*")
@@ -100,7 +93,7 @@ class SignalAuthConfig(_Section):
         return self.public_key_file.read_text()
 
 
-class ShardsConfig(_Section):
+class ShardsConfig(Section):
     """How many Ray actors of each kind hold the routing state (keys are hashed onto them)."""
 
     session: int = Field(default=SHARDS_DEFAULT, ge=1, le=MAX_SHARDS)
@@ -108,7 +101,7 @@ class ShardsConfig(_Section):
     # A dialect's own kinds (e.g. `registry`) are added by router/settings.py from the dialect table.
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(Section):
     """Gateway tuning: batching to shards, HTTP limits, timeouts."""
 
     # Commands and deliveries travel over lanes (one stream per gateway and shard; docs/performance.md);
@@ -131,7 +124,7 @@ class GatewayConfig(_Section):
     sweep_interval_s: float = Field(default=1.0, gt=0)
 
 
-class AnalyticsConfig(_Section):
+class AnalyticsConfig(Section):
     """The event log read by `router analytics` (Spark through RayDP)."""
 
     enabled: bool = True
@@ -146,7 +139,7 @@ class AnalyticsConfig(_Section):
     writer: Literal["process", "thread"] = "process"
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     """Live metrics through ray.util.metrics (Ray dashboard, Prometheus)."""
 
     enabled: bool = True

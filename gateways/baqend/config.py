@@ -6,10 +6,10 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator
 
-from router.config import KIB, MIB, SignalAuthConfig, _Section
+from router.config import KIB, MIB, JwtConfig, Section
 
 
-class BaqendConfig(_Section):
+class BaqendConfig(Section):
     """Baqend real-time queries (``baqend-realtime-queries.md``) and the REST API they watch."""
 
     enabled: bool = True
@@ -27,7 +27,7 @@ class BaqendConfig(_Section):
     max_document_bytes: int = Field(default=256 * KIB, ge=256)
     max_key_length: int = Field(default=256, ge=1, le=4096)
     # Token validator: JWT (claims `sub` = user id, `roles` = role names) for the documents' acl.
-    auth: SignalAuthConfig = Field(default_factory=SignalAuthConfig)
+    auth: JwtConfig = Field(default_factory=JwtConfig)
     request_timeout_s: float = Field(default=10, gt=0)
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
 

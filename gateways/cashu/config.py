@@ -6,13 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from router.config import KIB, MIB, UrlPath, _Section
+from router.config import KIB, MIB, Section, UrlPath
 
 
 CASHU_KINDS = ("bolt11_mint_quote", "bolt11_melt_quote", "bolt12_mint_quote", "bolt12_melt_quote", "proof_state")
 
 
-class CashuSupported(_Section):
+class CashuSupported(Section):
     """One entry of NUT-06 ``nuts.17.supported``: a method-unit pair and the kinds it serves."""
 
     method: str = Field(min_length=1)
@@ -37,7 +37,7 @@ def _default_cashu_supported() -> list[CashuSupported]:
     ]
 
 
-class CashuConfig(_Section):
+class CashuConfig(Section):
     """Cashu NUT-17 subscriptions (``cashu-nut17-websockets.md``) and the mint's state feed."""
 
     enabled: bool = True

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from router.config import KIB, MIB, UrlPath, _Section
+from router.config import KIB, MIB, Section, UrlPath
 
 
-class MxIngestConfig(_Section):
+class MxIngestConfig(Section):
     """How block data from a MultiversX node enters (``mx-upstream-notes.md``)."""
 
     # "server": the node's outport driver dials the router at `path` (its default client mode);
@@ -37,7 +37,7 @@ class MxIngestConfig(_Section):
         return self
 
 
-class MxConfig(_Section):
+class MxConfig(Section):
     """mx-notifier hub (``mx-notifier-hub.md``): node ingest and filtered binary event streams."""
 
     enabled: bool = True

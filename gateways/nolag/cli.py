@@ -38,7 +38,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def _key_store(args: argparse.Namespace):
     from actors.nolag.keys import KeyStore
 
-    return KeyStore(settings_from_args(args).data_dir / "keys.sqlite3")
+    settings = settings_from_args(args)
+    return KeyStore(settings.nolag.keys_file(settings.data_dir))
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from router.config import KIB, MIB, UrlPath, _Section
+from router.config import KIB, MIB, Section, UrlPath
 
 
-class NolagLobby(_Section):
+class NolagLobby(Section):
     """A lobby: a configured set of rooms, or every room whose id starts with a prefix."""
 
     rooms: list[str] | None = None
@@ -22,7 +22,7 @@ class NolagLobby(_Section):
         return self
 
 
-class NolagHydration(_Section):
+class NolagHydration(Section):
     """A hydration webhook: POSTed on subscribe to topics matching ``topics`` (a key ACL pattern)."""
 
     topics: str = Field(min_length=1)
@@ -36,7 +36,7 @@ class NolagHydration(_Section):
         return value
 
 
-class NolagConfig(_Section):
+class NolagConfig(Section):
     """NoLag (``nolag-wire-protocol.md``): MessagePack pub/sub with keys, QoS, presence, replay."""
 
     enabled: bool = True
@@ -71,3 +71,7 @@ class NolagConfig(_Section):
     hydration_retries: int = Field(default=2, ge=0)
     request_timeout_s: float = Field(default=10, gt=0)
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
+
+    def keys_file(self, data_dir: Path) -> Path:
+        """The key store the gateways read and `router keys` writes."""
+        return self.keys_path or data_dir / "keys.sqlite3"

@@ -60,7 +60,7 @@ class NolagDialect(Dialect):
         super().__init__(gateway)
         self.config = config
         self.limits = codec.Limits(max_topic_length=config.max_topic_length, max_filters=config.max_filters)
-        self.keys_path = config.keys_path or gateway.settings.data_dir / "keys.sqlite3"
+        self.keys_path = config.keys_file(gateway.settings.data_dir)
         self._keys: KeyStore | None = None
         self.sessions: set[NolagSession] = set()
         self._allowance: dict[str, int] = {}  # key id -> messages reserved from its monthly quota

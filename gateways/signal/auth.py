@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import jwt
 
 from gateways.signal.config import ALL_SIGNAL_CAPABILITIES
-from router.config import SignalAuthConfig
+from router.config import JwtConfig
 
 
 class AuthError(Exception):
@@ -22,7 +22,7 @@ class Identity:
 
 
 class TokenVerifier:
-    def __init__(self, config: SignalAuthConfig) -> None:
+    def __init__(self, config: JwtConfig) -> None:
         self._key = config.verification_key()
         self._algorithms = list(config.algorithms)
         self._issuer = config.issuer

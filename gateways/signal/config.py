@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from router.config import KIB, MIB, EndpointConfig, SignalAuthConfig, UrlPath, _Section
+from router.config import KIB, MIB, JwtConfig, Section, UrlPath
 
 
 ALL_SIGNAL_CAPABILITIES = ("send", "receive", "discover", "broadcast", "publish", "subscribe")
 
 
-class SignalHubConfig(_Section):
+class SignalHubConfig(Section):
     """Signal Hub dialect (``signal-hub-protocol.md``)."""
 
     enabled: bool = True
@@ -18,7 +18,7 @@ class SignalHubConfig(_Section):
     port: int | None = Field(default=None, ge=0, le=65535)
     protocol_version: str = "1.0"
     hub_address: str = "cloudflare/signal-hub"
-    auth: SignalAuthConfig = Field(default_factory=SignalAuthConfig)
+    auth: JwtConfig = Field(default_factory=JwtConfig)
     # Capabilities granted when auth is disabled.
     anonymous_capabilities: list[str] = Field(default_factory=lambda: list(ALL_SIGNAL_CAPABILITIES))
     # Token bucket per connection: `rate_limit_per_minute` refill, `rate_limit_burst` capacity.
@@ -60,7 +60,3 @@ class SignalHubConfig(_Section):
         if self.default_ttl_ms > self.max_ttl_ms:
             raise ValueError("default_ttl_ms must not exceed max_ttl_ms")
         return self
-
-    @property
-    def endpoint(self) -> EndpointConfig:
-        return EndpointConfig(path=self.path, port=self.port)

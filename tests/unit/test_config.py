@@ -9,7 +9,7 @@ import pydantic
 import pytest
 
 from gateways.signal.config import ALL_SIGNAL_CAPABILITIES
-from router.config import ConfigError, EndpointConfig, SignalAuthConfig
+from router.config import ConfigError, JwtConfig
 from router.settings import load_settings
 
 SECRET = "unit-test-secret-" + "0123456789abcdef" * 4
@@ -83,7 +83,7 @@ def test_signal_defaults():
     assert signal.discover_default_limit == 100
     assert signal.discover_max_limit == 1000
     assert signal.max_pattern_length == 256
-    assert signal.endpoint == EndpointConfig(path="/signal", port=None)
+    assert (signal.path, signal.port) == ("/signal", None)
     assert signal.auth.model_dump() == {
         "enabled": False,
         "algorithms": ["HS256"],
@@ -334,7 +334,7 @@ def test_auth_hs256_with_secret():
 
 
 def test_auth_public_key_inline_and_from_file(tmp_path):
-    inline = SignalAuthConfig(enabled=True, algorithms=["RS256", "ES256"], public_key=PEM)
+    inline = JwtConfig(enabled=True, algorithms=["RS256", "ES256"], public_key=PEM)
     assert inline.verification_key() == PEM
     key_file = tmp_path / "key.pem"
     key_file.write_text(PEM)

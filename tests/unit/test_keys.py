@@ -228,3 +228,17 @@ def test_cli_create_list_revoke(tmp_path, monkeypatch, capsys):
     assert cli.main(["keys", "create", "--project", "p", "--subscribe", "#/x"]) == 2
     assert capsys.readouterr().err == "router keys create: ACL pattern '#/x': '#' is allowed only as the last segment\n"
     store.close()
+
+
+def test_cli_writes_the_store_the_gateway_reads(tmp_path, monkeypatch, capsys):
+    """`nolag.keys_path` moves the key store: `router keys` must write where the gateway reads."""
+    monkeypatch.setenv("ROUTER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("ROUTER_NOLAG__KEYS_PATH", str(tmp_path / "elsewhere" / "keys.db"))
+    monkeypatch.delenv("ROUTER_CONFIG", raising=False)
+    (tmp_path / "elsewhere").mkdir()
+    assert cli.main(["keys", "create", "--project", "proj_1"]) == 0
+    token = capsys.readouterr().out.splitlines()[1].removeprefix("token:  ")
+    store = KeyStore(tmp_path / "elsewhere" / "keys.db")
+    assert store.verify(token).project_id == "proj_1"
+    assert not (tmp_path / "data" / "keys.sqlite3").exists()
+    store.close()

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from gateways.signal.auth import AuthError, Identity, TokenVerifier
-from router.config import SignalAuthConfig
+from router.config import JwtConfig
 
 SECRET = "unit-test-secret-" + "0123456789abcdef" * 4  # long enough for HS512 without warnings
 EXP = 4_102_444_800  # 2100-01-01T00:00:00Z
@@ -39,7 +39,7 @@ def hs_token(payload: dict, key: str = SECRET, algorithm: str = "HS256") -> str:
 
 
 def hs_verifier(**config) -> TokenVerifier:
-    return TokenVerifier(SignalAuthConfig(enabled=True, secret=SECRET, **config))
+    return TokenVerifier(JwtConfig(enabled=True, secret=SECRET, **config))
 
 
 def refusal(verifier: TokenVerifier, token: str) -> str:
@@ -175,21 +175,21 @@ def test_token_with_audience_refused_when_none_is_configured():
 
 
 def test_rs256(rsa_key):
-    verifier = TokenVerifier(SignalAuthConfig(enabled=True, algorithms=["RS256"], public_key=public_pem(rsa_key)))
+    verifier = TokenVerifier(JwtConfig(enabled=True, algorithms=["RS256"], public_key=public_pem(rsa_key)))
     token = jwt.encode(claims(capabilities=["discover"]), rsa_key, algorithm="RS256")
     assert verifier.verify(token) == Identity("rt/alice", ("discover",), EXP * 1000)
 
 
 def test_rs256_signed_by_another_key(rsa_key):
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    verifier = TokenVerifier(SignalAuthConfig(enabled=True, algorithms=["RS256"], public_key=public_pem(rsa_key)))
+    verifier = TokenVerifier(JwtConfig(enabled=True, algorithms=["RS256"], public_key=public_pem(rsa_key)))
     assert refusal(verifier, jwt.encode(claims(), other, algorithm="RS256")) == "JWT signature is invalid"
 
 
 def test_rs256_key_confusion_with_hs256_is_refused(rsa_key):
     """An HS256 token 'signed' with the public key as HMAC secret must not pass an RS256 verifier."""
     pem = public_pem(rsa_key)
-    verifier = TokenVerifier(SignalAuthConfig(enabled=True, algorithms=["RS256"], public_key=pem))
+    verifier = TokenVerifier(JwtConfig(enabled=True, algorithms=["RS256"], public_key=pem))
     signing_input = b64json({"alg": "HS256", "typ": "JWT"}) + "." + b64json(claims())
     mac = hmac.new(pem.encode(), signing_input.encode(), hashlib.sha256).digest()
     assert refusal(verifier, signing_input + "." + b64url(mac)) == "JWT algorithm not allowed; accepted: RS256"
@@ -198,19 +198,19 @@ def test_rs256_key_confusion_with_hs256_is_refused(rsa_key):
 def test_es256_from_a_key_file(ec_key, tmp_path):
     key_file = tmp_path / "es256.pem"
     key_file.write_text(public_pem(ec_key))
-    verifier = TokenVerifier(SignalAuthConfig(enabled=True, algorithms=["ES256"], public_key_file=key_file))
+    verifier = TokenVerifier(JwtConfig(enabled=True, algorithms=["ES256"], public_key_file=key_file))
     token = jwt.encode(claims(capabilities=["publish", "subscribe"]), ec_key, algorithm="ES256")
     assert verifier.verify(token) == Identity("rt/alice", ("publish", "subscribe"), EXP * 1000)
 
 
 def test_es256_token_refused_by_an_rs256_verifier(rsa_key, ec_key):
-    verifier = TokenVerifier(SignalAuthConfig(enabled=True, algorithms=["RS256"], public_key=public_pem(rsa_key)))
+    verifier = TokenVerifier(JwtConfig(enabled=True, algorithms=["RS256"], public_key=public_pem(rsa_key)))
     token = jwt.encode(claims(), ec_key, algorithm="ES256")
     assert refusal(verifier, token) == "JWT algorithm not allowed; accepted: RS256"
 
 
 def test_es256_expired(ec_key):
-    verifier = TokenVerifier(SignalAuthConfig(enabled=True, algorithms=["ES256"], public_key=public_pem(ec_key)))
+    verifier = TokenVerifier(JwtConfig(enabled=True, algorithms=["ES256"], public_key=public_pem(ec_key)))
     assert refusal(verifier, jwt.encode(claims(exp=1_000), ec_key, algorithm="ES256")) == "JWT expired"
 
 
