@@ -45,12 +45,6 @@ class TopicTable:
                 del self._by_connection[location]
         return True
 
-    def is_subscribed(self, topic: str, location: Location) -> bool:
-        return location in self._topics.get(topic, ())
-
-    def subscriber_count(self, topic: str) -> int:
-        return len(self._topics.get(topic, ()))
-
     def routes(self, topic: str, exclude: Location | None = None) -> tuple[int, Routes]:
         """Fan-out targets of a publish: (recipient count, gateway -> connection ids)."""
         subscribers = self._topics.get(topic)
@@ -73,9 +67,6 @@ class TopicTable:
         else:
             del trimmed[gateway_id]
         return len(subscribers) - 1, trimmed
-
-    def topics_of(self, location: Location) -> set[str]:
-        return set(self._by_connection.get(location, ()))
 
     def purge_connection(self, location: Location) -> list[str]:
         """Drop every subscription of a connection (it closed); returns the topics it left."""
