@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 if TYPE_CHECKING:
     from gateways.gateway import Gateway
+    from gateways.shardclient import ShardView
 
 
 @dataclass(slots=True)
@@ -85,7 +87,7 @@ class DialectSession(ABC):
         self.config = dialect.config
         self.wire = wire
         self.gateway = dialect.gateway
-        self.shards = dialect.gateway.shards
+        self.shards = dialect.shards
 
     @abstractmethod
     def on_message(self, data: bytes, is_text: bool) -> None:
@@ -122,6 +124,18 @@ class Dialect(ABC):
     def port(self) -> int | None:
         """A port of its own, or None for the router's main port."""
         return getattr(self.config, "port", None)
+
+    @property
+    def request_timeout_s(self) -> float:
+        """How long its requests wait for a shard: its section's ``request_timeout_s``, else the
+        gateway's."""
+        timeout = getattr(self.config, "request_timeout_s", None)
+        return timeout if timeout is not None else self.gateway.settings.gateway.request_timeout_s
+
+    @cached_property
+    def shards(self) -> "ShardView":
+        """The gateway's shard client, with this dialect's request timeout."""
+        return self.gateway.shards.view(self.request_timeout_s)
 
     @property
     def max_frame_bytes(self) -> int:

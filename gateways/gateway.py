@@ -65,7 +65,7 @@ class Gateway:
             self.deliver,
             batch_max=tuning.batch_max,
             max_inflight=tuning.max_inflight_batches,
-            timeout_s=settings.signal.request_timeout_s,
+            timeout_s=tuning.request_timeout_s,
             on_backlog=self._backlog,
             max_pending=tuning.max_pending_commands,
         )

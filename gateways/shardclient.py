@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from functools import partial
 from typing import Any, Callable
 
 from router import lane as lanes
@@ -25,19 +26,30 @@ from router.shardmap import shard_index
 logger = logging.getLogger(__name__)
 
 Callback = Callable[[Any], None]
+_CLOCK_SLACK_S = 0.001  # a timer may fire this much before its deadline by the loop's clock
 
 
 class _Batch:
-    __slots__ = ("callbacks", "done", "results", "bundle", "abandoned", "timer", "size")
+    __slots__ = ("callbacks", "timeouts", "sent_at", "expired", "done", "results", "bundle", "abandoned", "timer",
+                 "size")
 
-    def __init__(self, callbacks: list[Callback | None]) -> None:
+    def __init__(self, callbacks: list[Callback | None], timeouts: list[float | None], sent_at: float) -> None:
         self.callbacks = callbacks
+        self.timeouts = timeouts  # per command: its dialect's request timeout; None once it timed out
+        self.sent_at = sent_at
+        self.expired = 0  # commands already answered with a timeout
         self.size = len(callbacks)
         self.done = False
         self.abandoned = False
         self.results: Any = None
         self.bundle: Any = None
         self.timer: asyncio.TimerHandle | None = None
+
+    def waiting(self) -> list[Callback | None]:
+        """The callbacks not yet answered (all of them unless some timed out)."""
+        if not self.expired:
+            return self.callbacks
+        return [callback for callback, limit in zip(self.callbacks, self.timeouts) if limit is not None]
 
 
 class ShardLink:
@@ -48,14 +60,15 @@ class ShardLink:
     in the order they were sent.
     """
 
-    __slots__ = ("name", "handle", "commands", "callbacks", "inflight", "scheduled", "lane", "next_lane",
-                 "lane_batches", "reconnect")
+    __slots__ = ("name", "handle", "commands", "callbacks", "timeouts", "inflight", "scheduled", "lane",
+                 "next_lane", "lane_batches", "reconnect")
 
     def __init__(self, name: str, handle: Any) -> None:
         self.name = name
         self.handle = handle
         self.commands: list[tuple] = []
         self.callbacks: list[Callback | None] = []
+        self.timeouts: list[float] = []
         self.inflight: deque[_Batch] = deque()
         self.scheduled = False
         self.lane: LaneClient | None = None
@@ -107,10 +120,17 @@ class ShardClient:
 
     # -- sending --------------------------------------------------------------------------
 
-    def send(self, link: ShardLink, command: tuple, callback: Callback | None = None) -> None:
-        """Queue ``command``; ``callback(result)`` runs with its result (or a ShardUnavailable)."""
+    def view(self, timeout_s: float) -> "ShardView":
+        """A dialect's handle on this client: the same links and batches, its own request timeout."""
+        return ShardView(self, timeout_s)
+
+    def send(self, link: ShardLink, command: tuple, callback: Callback | None = None,
+             timeout_s: float | None = None) -> None:
+        """Queue ``command``; ``callback(result)`` runs with its result, or with a ShardUnavailable
+        when the shard fails or has not answered after ``timeout_s`` (default: the client's)."""
         link.commands.append(command)
         link.callbacks.append(callback)
+        link.timeouts.append(timeout_s or self.timeout_s)
         self.pending += 1
         if len(link.commands) >= self.batch_max:
             self._flush(link)
@@ -122,7 +142,7 @@ class ShardClient:
             if self.on_backlog is not None:
                 self.on_backlog(True)
 
-    def request(self, link: ShardLink, command: tuple) -> asyncio.Future:
+    def request(self, link: ShardLink, command: tuple, timeout_s: float | None = None) -> asyncio.Future:
         future = self.loop.create_future()
 
         def resolve(result: Any) -> None:
@@ -133,12 +153,32 @@ class ShardClient:
             else:
                 future.set_result(result)
 
-        self.send(link, command, resolve)
+        self.send(link, command, resolve, timeout_s)
         return future
 
-    async def gather(self, kind: str, command: tuple) -> list[Any]:
+    def send_all(self, links: list[ShardLink], command: tuple, on_results: Callable[[list], None],
+                 timeout_s: float | None = None) -> None:
+        """Send ``command`` to each of ``links``; ``on_results(results)`` runs once, when every one
+        has answered, with the results in ``links`` order (a failure is its ShardUnavailable or
+        CommandError, for the caller to judge)."""
+        if not links:
+            on_results([])
+            return
+        results: list[Any] = [None] * len(links)
+        remaining = [len(links)]
+
+        def collect(index: int, result: Any) -> None:
+            results[index] = result
+            remaining[0] -= 1
+            if not remaining[0]:
+                on_results(results)
+
+        for index, link in enumerate(links):
+            self.send(link, command, partial(collect, index), timeout_s)
+
+    async def gather(self, kind: str, command: tuple, timeout_s: float | None = None) -> list[Any]:
         """Send ``command`` to every shard of ``kind``; results in shard order."""
-        return list(await asyncio.gather(*(self.request(link, command) for link in self.links[kind])))
+        return list(await asyncio.gather(*(self.request(link, command, timeout_s) for link in self.links[kind])))
 
     def _flush_scheduled(self, link: ShardLink) -> None:
         link.scheduled = False
@@ -148,10 +188,13 @@ class ShardClient:
         if link.next_lane is not None and not link.inflight:
             link.lane, link.next_lane = link.next_lane, None
         while link.commands and len(link.inflight) < self.max_inflight:
-            commands, callbacks = link.commands[: self.batch_max], link.callbacks[: self.batch_max]
-            del link.commands[: self.batch_max]
-            del link.callbacks[: self.batch_max]
-            batch = _Batch(callbacks)
+            batch_max = self.batch_max
+            commands, callbacks, timeouts = (link.commands[:batch_max], link.callbacks[:batch_max],
+                                             link.timeouts[:batch_max])
+            del link.commands[:batch_max]
+            del link.callbacks[:batch_max]
+            del link.timeouts[:batch_max]
+            batch = _Batch(callbacks, timeouts, self.loop.time())
             link.inflight.append(batch)
             self.batches_sent += 1
             self.commands_sent += len(commands)
@@ -170,7 +213,7 @@ class ShardClient:
                 batch.done = True
                 self._drain(link)
                 continue
-            batch.timer = self.loop.call_later(self.timeout_s, self._timed_out, link, batch)
+            batch.timer = self.loop.call_later(min(timeouts), self._timed_out, link, batch)
             if lane is None:
                 ref.future().add_done_callback(
                     lambda future, link=link, batch=batch: self.loop.call_soon_threadsafe(
@@ -200,15 +243,35 @@ class ShardClient:
         self._drain(link)
 
     def _timed_out(self, link: ShardLink, batch: _Batch) -> None:
+        """The earliest deadline in ``batch`` passed: answer the commands whose timeout it was with
+        a timeout, and wait on for the others; once none waits, the batch is abandoned."""
         if batch.done:
             return
-        batch.abandoned = True
-        try:
-            link.inflight.remove(batch)
-        except ValueError:
-            pass
-        self._answer(batch.callbacks, ShardUnavailable(f"{link.name} did not answer in {self.timeout_s:g}s", True))
-        self._flush(link)
+        waited = self.loop.time() - batch.sent_at
+        callbacks, timeouts = batch.callbacks, batch.timeouts
+        expired: dict[float, list[Callback | None]] = {}
+        later: float | None = None
+        for index, limit in enumerate(timeouts):
+            if limit is None:
+                continue
+            if limit <= waited + _CLOCK_SLACK_S:
+                expired.setdefault(limit, []).append(callbacks[index])
+                callbacks[index] = timeouts[index] = None
+                batch.expired += 1
+            elif later is None or limit < later:
+                later = limit
+        if later is None:
+            batch.abandoned = True
+            try:
+                link.inflight.remove(batch)
+            except ValueError:
+                pass
+        else:
+            batch.timer = self.loop.call_later(later - waited, self._timed_out, link, batch)
+        for limit, answered in expired.items():
+            self._answer(answered, ShardUnavailable(f"{link.name} did not answer in {limit:g}s", True))
+        if later is None:
+            self._flush(link)
 
     def _drain(self, link: ShardLink) -> None:
         """Hand results over in the order the batches were sent."""
@@ -217,9 +280,9 @@ class ShardClient:
             batch = inflight.popleft()
             results = batch.results
             if isinstance(results, ShardUnavailable):
-                self._answer(batch.callbacks, results)
+                self._answer(batch.waiting(), results)
             else:
-                self.pending -= batch.size
+                self.pending -= batch.size - batch.expired
                 for callback, result in zip(batch.callbacks, results):
                     if callback is not None:
                         try:
@@ -342,6 +405,32 @@ class ShardClient:
             "lane_batches": self.lane_batches_sent,
             "lanes_lost": self.lanes_lost,
         }
+
+
+class ShardView:
+    """A dialect's handle on the gateway's :class:`ShardClient`: the same links and batches (a
+    dialect's commands share batches with every other's), with the dialect's own request timeout
+    (its ``request_timeout_s``)."""
+
+    __slots__ = ("client", "timeout_s", "link", "all")
+
+    def __init__(self, client: ShardClient, timeout_s: float) -> None:
+        self.client = client
+        self.timeout_s = timeout_s
+        self.link = client.link
+        self.all = client.all
+
+    def send(self, link: ShardLink, command: tuple, callback: Callback | None = None) -> None:
+        self.client.send(link, command, callback, self.timeout_s)
+
+    def request(self, link: ShardLink, command: tuple) -> asyncio.Future:
+        return self.client.request(link, command, self.timeout_s)
+
+    def send_all(self, links: list[ShardLink], command: tuple, on_results: Callable[[list], None]) -> None:
+        self.client.send_all(links, command, on_results, self.timeout_s)
+
+    async def gather(self, kind: str, command: tuple) -> list[Any]:
+        return await self.client.gather(kind, command, self.timeout_s)
 
 
 class DeliverySequencer:

@@ -114,6 +114,8 @@ class GatewayConfig(Section):
     max_inflight_batches: int = Field(default=4, ge=1)
     # When this many commands wait to be sent, the gateway stops reading from sockets until it drains.
     max_pending_commands: int = Field(default=200_000, ge=1000)
+    # A request waits this long for a shard unless its dialect's section sets its own `request_timeout_s`.
+    request_timeout_s: float = Field(default=10, gt=0)
     # A delivery that arrives out of order waits this long for the ones before it.
     reorder_timeout_s: float = Field(default=2.0, gt=0)
     handshake_timeout_s: float = Field(default=10, gt=0)

@@ -134,8 +134,7 @@ class BaqendDialect(Dialect):
 
     async def _object_request(self, request: HttpRequest, bucket: str, key: str | None,
                               principals: frozenset[str]) -> HttpResponse:
-        method, config, gateway = request.method, self.config, self.gateway
-        shards = gateway.shards
+        method, config, gateway, shards = request.method, self.config, self.gateway, self.shards
         if key is None:
             if method != "POST":
                 raise RestError(405 if method in ("PUT", "DELETE") else 400,
@@ -289,19 +288,8 @@ class BaqendSession(DialectSession):
         if result is not True:
             self._fail(sub, _unavailable(result))
             return
-        links = self.shards.all(DOCUMENT)
-        scans: list[Any] = [None] * len(links)
-        waiting = [len(links)]
-
-        def scanned(index: int, found: Any) -> None:
-            scans[index] = found
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                self._scanned(sub, scans)
-
-        for index, link in enumerate(links):
-            self.shards.send(link, baqend.scan(sub.spec.bucket, sub.spec.query),
-                             lambda found, index=index: scanned(index, found))
+        self.shards.send_all(self.shards.all(DOCUMENT), baqend.scan(sub.spec.bucket, sub.spec.query),
+                             lambda scans: self._scanned(sub, scans))
 
     def _scanned(self, sub: _Subscription, scans: list[Any]) -> None:
         if self.by_key.get(sub.key) is not sub:

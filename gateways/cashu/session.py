@@ -25,7 +25,7 @@ import orjson
 from actors.cashu import contract as cashu
 from actors.cashu.contract import RetainedEvent
 from gateways.cashu import codec
-from gateways.cashu.codec import Heartbeat, Limits, RpcError, StateError, Subscribe, Unsubscribe
+from gateways.cashu.codec import Limits, RpcError, StateError, Subscribe, Unsubscribe
 from gateways.cashu.mint import MintClient
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
 from gateways.cashu.config import CashuConfig
@@ -122,7 +122,7 @@ class CashuDialect(Dialect):
                                          self.config.max_filter_length)
         except StateError as error:
             return _json(400, {"error": "invalid_state", "message": str(error)})
-        gateway, shards = self.gateway, self.gateway.shards
+        gateway, shards = self.gateway, self.shards
         futures = []
         for state in states:
             key = state.key

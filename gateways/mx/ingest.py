@@ -134,23 +134,15 @@ class NodeIngestDialect(Dialect):
         if not items:
             acknowledge()
             return
-        links = gateway.shards.all(TOPIC)
-        outstanding = [len(links), False]
 
-        def taken(result: Any) -> None:
-            outstanding[0] -= 1
-            if isinstance(result, (ShardUnavailable, CommandError)):
-                outstanding[1] = True
-            if outstanding[0]:
-                return
-            if outstanding[1]:
+        def taken(results: list) -> None:
+            if any(isinstance(result, (ShardUnavailable, CommandError)) for result in results):
                 counts["unacknowledged"] += 1
                 self.dedup.forget(key)  # the node will resend it: let it through then
             else:
                 acknowledge()
 
-        for link in links:
-            gateway.shards.send(link, mx.publish(items, meta), taken)
+        self.shards.send_all(self.shards.all(TOPIC), mx.publish(items, meta), taken)
 
 
 class NodeSession(DialectSession):

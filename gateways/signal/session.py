@@ -302,15 +302,8 @@ class SignalSession(DialectSession):
                  on_results: Callable[[list], dict], reply_type: str) -> None:
         """Send ``command`` to every shard of ``kind``; reply once all have answered."""
         slot = self._slot()
-        links = self.shards.all(kind)
-        results: list[Any] = [None] * len(links)
-        remaining = [len(links)]
 
-        def collect(index: int, result: Any) -> None:
-            results[index] = result
-            remaining[0] -= 1
-            if remaining[0]:
-                return
+        def collect(results: list) -> None:
             failure = next((r for r in results if isinstance(r, (CommandError, ShardUnavailable))), None)
             if failure is not None:
                 self._fill_error(slot, request, self._shard_failure(failure, request))
@@ -318,8 +311,7 @@ class SignalSession(DialectSession):
                 self._fill(slot, codec.encode(reply_type, self.hub, request.sender, on_results(results),
                                               request.reply_id))
 
-        for index, link in enumerate(links):
-            self.shards.send(link, command, lambda result, index=index: collect(index, result))
+        self.shards.send_all(self.shards.all(kind), command, collect)
 
     # -- connection lifecycle -------------------------------------------------------------
 
@@ -376,23 +368,15 @@ class SignalSession(DialectSession):
     def _cleanup_then(self, request: Request, session_id: str | None, then: Callable[[], None]) -> None:
         """Purge the connection from every topic and registry shard, reply, then ``then()``."""
         slot = self._slot()
-        links = self.shards.all(TOPIC) + self.shards.all(REGISTRY)
-        remaining = [len(links)]
-        ok = [True]
 
-        def collect(result: Any) -> None:
-            if isinstance(result, (CommandError, ShardUnavailable)):
-                ok[0] = False
-            remaining[0] -= 1
-            if remaining[0]:
-                return
+        def collect(results: list) -> None:
+            cleaned_up = not any(isinstance(result, (CommandError, ShardUnavailable)) for result in results)
             self._fill(slot, codec.encode("hub:disconnect_ack", self.hub, request.sender,
-                                          {"sessionId": session_id, "cleanedUp": ok[0]}, request.reply_id))
+                                          {"sessionId": session_id, "cleanedUp": cleaned_up}, request.reply_id))
             then()
 
         self.cleaned = True
-        for link in links:
-            self.shards.send(link, contract.purge(self.wire.id), collect)
+        self.shards.send_all(self.shards.all(TOPIC) + self.shards.all(REGISTRY), contract.purge(self.wire.id), collect)
 
     def _cleanup(self) -> None:
         """Fire-and-forget purge when the connection ends without hub:disconnect."""

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import ray
 
-from tests.e2e.client import HUB, HubClient, eventually, run
+from tests.e2e.client import HubClient, eventually, run
 from tests.e2e.conftest import start_router
 
 ROOT = Path(__file__).resolve().parents[2]

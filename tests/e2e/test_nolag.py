@@ -14,7 +14,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import msgpack
 import pytest
 
 from actors.nolag.keys import KeyStore

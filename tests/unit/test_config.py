@@ -56,6 +56,7 @@ def test_defaults(tmp_path):
         "batch_max": 1024,
         "max_inflight_batches": 4,
         "max_pending_commands": 200_000,
+        "request_timeout_s": 10,
         "reorder_timeout_s": 2.0,
         "handshake_timeout_s": 10,
         "close_timeout_s": 5,

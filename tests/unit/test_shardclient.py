@@ -1,0 +1,143 @@
+"""gateways/shardclient.py: each dialect's requests time out after its own request_timeout_s,
+also when they share a batch with another dialect's (a fake shard handle, no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import types
+
+from gateways.shardclient import ShardClient
+from router.errors import ShardUnavailable
+
+
+class _Handle:
+    """``shard.handle.remote(gateway, commands)``: a ref whose future the test resolves (or never)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+        self.futures: list[concurrent.futures.Future] = []
+        self.handle = self
+
+    def remote(self, gateway_id, commands):
+        self.calls.append(list(commands))
+        future = concurrent.futures.Future()
+        self.futures.append(future)
+        return types.SimpleNamespace(future=lambda: future)
+
+
+def _client(loop, handle, timeout_s=10.0) -> ShardClient:
+    return ShardClient("gw-1", {"topic": [("topic-shard-0", handle)]}, loop, on_bundle=lambda bundle: None,
+                       batch_max=100, max_inflight=4, timeout_s=timeout_s)
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def _recorder(loop, started, answers, name):
+    def record(result):
+        answers.append((name, loop.time() - started, result))
+    return record
+
+
+def test_requests_in_one_batch_time_out_after_their_own_dialects_timeout():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        client = _client(loop, handle)
+        fast, slow = client.view(0.05), client.view(0.3)
+        link = fast.link("topic", "k")
+        started, answers = loop.time(), []
+        fast.send(link, ("a",), _recorder(loop, started, answers, "fast"))
+        slow.send(link, ("b",), _recorder(loop, started, answers, "slow"))
+        client.send(link, ("c",), _recorder(loop, started, answers, "core"))  # the client's own default: 10 s
+        await _until(lambda: len(answers) == 2)
+        assert handle.calls == [[("a",), ("b",), ("c",)]]  # one batch
+        (first, t1, e1), (second, t2, e2) = answers
+        assert (first, second) == ("fast", "slow")
+        assert isinstance(e1, ShardUnavailable) and str(e1) == "topic-shard-0 did not answer in 0.05s"
+        assert isinstance(e2, ShardUnavailable) and str(e2) == "topic-shard-0 did not answer in 0.3s"
+        assert 0.05 <= t1 < 0.3 <= t2
+        assert client.pending == 1 and len(link.inflight) == 1  # the 10 s request still waits
+        handle.futures[0].set_result((["A", "B", "C"], None))
+        await _until(lambda: len(answers) == 3)
+        assert answers[2][0] == "core" and answers[2][2] == "C"
+        assert client.pending == 0 and not link.inflight
+        client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_late_answer_reaches_only_the_requests_still_waiting():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        client = _client(loop, handle)
+        fast, slow = client.view(0.05), client.view(5.0)
+        link = fast.link("topic", "k")
+        started, answers = loop.time(), []
+        fast.send(link, ("a",), _recorder(loop, started, answers, "fast"))
+        slow.send(link, ("b",), _recorder(loop, started, answers, "slow"))
+        slow.send(link, ("c",))  # no callback: counted while pending all the same
+        await _until(lambda: len(answers) == 1)
+        assert answers[0][0] == "fast" and isinstance(answers[0][2], ShardUnavailable)
+        assert client.pending == 2
+        handle.futures[0].set_result((["A", "B", "C"], None))
+        await _until(lambda: len(answers) == 2)
+        assert [(name, result) for name, _, result in answers[1:]] == [("slow", "B")]
+        assert client.pending == 0 and not link.inflight
+        client.send(link, ("d",), answers.append)  # the link goes on
+        await _until(lambda: len(handle.calls) == 2)
+        handle.futures[1].set_result((["D"], None))
+        await _until(lambda: answers[-1] == "D")
+        assert client.pending == 0
+        client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_shard_answers_each_waiting_request_once():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        client = _client(loop, handle)
+        fast, slow = client.view(0.05), client.view(5.0)
+        link = fast.link("topic", "k")
+        started, answers = loop.time(), []
+        fast.send(link, ("a",), _recorder(loop, started, answers, "fast"))
+        slow.send(link, ("b",), _recorder(loop, started, answers, "slow"))
+        await _until(lambda: len(answers) == 1)
+        handle.futures[0].set_exception(RuntimeError("actor died"))
+        await _until(lambda: len(answers) == 2)
+        assert [name for name, _, _ in answers] == ["fast", "slow"]
+        assert str(answers[1][2]) == "topic-shard-0 unavailable: RuntimeError"
+        await asyncio.sleep(0)  # nothing else arrives
+        assert len(answers) == 2 and client.pending == 0 and not link.inflight
+        client.close()
+
+    asyncio.run(scenario())
+
+
+def test_views_share_the_clients_links_and_batches():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        client = _client(loop, handle)
+        view = client.view(1.0)
+        assert view.link("topic", "k") is client.link("topic", "k")
+        assert view.all("topic") == client.all("topic")
+        answer = view.request(view.link("topic", "k"), ("a",))
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_result((["A"], None))
+        assert await answer == "A"
+        gathered = asyncio.ensure_future(view.gather("topic", ("b",)))
+        await _until(lambda: len(handle.calls) == 2)
+        handle.futures[1].set_result((["B"], None))
+        assert await gathered == ["B"]
+        client.close()
+
+    asyncio.run(scenario())
