@@ -88,6 +88,7 @@ class DialectSession(ABC):
         self.wire = wire
         self.gateway = dialect.gateway
         self.shards = dialect.shards
+        self.closed = False  # released: it no longer holds anything on shards
 
     @abstractmethod
     def on_message(self, data: bytes, is_text: bool) -> None:
@@ -102,9 +103,21 @@ class DialectSession(ABC):
     def on_tick(self, now: float) -> None:
         """Called about once per ``gateway.sweep_interval_s`` with ``time.monotonic()``."""
 
-    @abstractmethod
     def on_close(self) -> None:
-        """The connection is gone (closed by either side); release everything it held."""
+        """The connection is gone (closed by either side)."""
+        self.release()
+
+    def release(self) -> None:
+        """End the session, once (on close, or when the router ends it first): it leaves its
+        dialect's ``sessions`` and :meth:`released` gives back what it held."""
+        if self.closed:
+            return
+        self.closed = True
+        self.dialect.sessions.discard(self)
+        self.released()
+
+    def released(self) -> None:
+        """Give back what the session held (subscriptions on shards, tasks, queued frames)."""
 
 
 class Dialect(ABC):
@@ -115,6 +128,7 @@ class Dialect(ABC):
 
     def __init__(self, gateway: "Gateway") -> None:
         self.gateway = gateway
+        self.sessions: set[DialectSession] = set()  # open, not yet released
 
     @property
     def path(self) -> str:
@@ -145,8 +159,14 @@ class Dialect(ABC):
     def max_outbound_bytes(self) -> int:
         return getattr(self.config, "max_outbound_bytes", 8 << 20)
 
+    def open_session(self, wire: Wire, request_headers: Any) -> DialectSession:
+        """A connection was accepted on this dialect's path: its session, kept in ``sessions``."""
+        session = self.new_session(wire, request_headers)
+        self.sessions.add(session)
+        return session
+
     @abstractmethod
-    def open_session(self, wire: Wire, request_headers: Any) -> DialectSession: ...
+    def new_session(self, wire: Wire, request_headers: Any) -> DialectSession: ...
 
     def http_routes(self) -> list[HttpRoute]:
         return []

@@ -76,15 +76,12 @@ class BaqendDialect(Dialect):
         super().__init__(gateway)
         self.config = config
         self.validator = TokenValidator(config.auth) if config.auth.enabled else None
-        self.sessions: set[BaqendSession] = set()
         self.results = 0
         self.matches = 0
         self.writes = 0
 
-    def open_session(self, wire: Wire, request_headers: Any) -> "BaqendSession":
-        session = BaqendSession(self, wire)
-        self.sessions.add(session)
-        return session
+    def new_session(self, wire: Wire, request_headers: Any) -> "BaqendSession":
+        return BaqendSession(self, wire)
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "subscriptions": sum(len(s.subs) for s in self.sessions),
@@ -199,7 +196,6 @@ class BaqendSession(DialectSession):
         super().__init__(dialect, wire)
         self.subs: dict[str, _Subscription] = {}
         self.by_key: dict[str, _Subscription] = {}
-        self.closed = False
 
     # -- transport events ---------------------------------------------------------------------------
 
@@ -249,11 +245,7 @@ class BaqendSession(DialectSession):
             if meta is not None:
                 self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
-    def on_close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.dialect.sessions.discard(self)
+    def released(self) -> None:
         for sub in list(self.subs.values()):
             self._remove(sub)
 

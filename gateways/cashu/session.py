@@ -61,14 +61,11 @@ class CashuDialect(Dialect):
         self.mint = (MintClient(config.mint_url, config.mint_timeout_s, config.mint_info_ttl_s)
                      if config.mint_url else None)
         self._api_key = None if config.state_api_key is None else config.state_api_key.get_secret_value().encode()
-        self.sessions: set[CashuSession] = set()
         self.notifications = 0
         self.pushed = 0
 
-    def open_session(self, wire: Wire, request_headers: Any) -> "CashuSession":
-        session = CashuSession(self, wire)
-        self.sessions.add(session)
-        return session
+    def new_session(self, wire: Wire, request_headers: Any) -> "CashuSession":
+        return CashuSession(self, wire)
 
     def http_routes(self) -> list[HttpRoute]:
         return [HttpRoute("GET", self.config.info_path, self._info),
@@ -176,7 +173,6 @@ class CashuSession(DialectSession):
         self.subs: dict[str, _Subscription] = {}
         self.by_key: dict[str, dict[str, _Subscription]] = {}
         self.filters = 0
-        self.closed = False
         self.tasks: set[asyncio.Task] = set()
         self.bucket = TokenBucket(self.config.rate_limit_per_second, float(self.config.rate_limit_burst),
                                   time.monotonic())
@@ -228,17 +224,10 @@ class CashuSession(DialectSession):
 
     def on_tick(self, now: float) -> None:
         if not self.closed and now - self.wire.last_activity > self.config.idle_timeout_s:
-            self._release()
+            self.release()
             self.wire.close(1001, f"idle for {self.config.idle_timeout_s:g} s")
 
-    def on_close(self) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.dialect.sessions.discard(self)
+    def released(self) -> None:
         for task in self.tasks:
             task.cancel()
         shards, connection_id = self.shards, self.wire.id

@@ -70,12 +70,9 @@ class NodeIngestDialect(Dialect):
         self.dedup = DuplicateSuppressor(self.config.dedup_window_s, self.config.dedup_max_entries)
         self.counts: Counter = Counter()
         self.client: NodeClient | None = None
-        self.sessions: set[NodeSession] = set()
 
-    def open_session(self, wire: Wire, request_headers: Any) -> "NodeSession":
-        session = NodeSession(self, wire)
-        self.sessions.add(session)
-        return session
+    def new_session(self, wire: Wire, request_headers: Any) -> "NodeSession":
+        return NodeSession(self, wire)
 
     async def start(self) -> None:
         if self.config.mode == "client" and self.gateway.index == 0:
@@ -148,15 +145,8 @@ class NodeIngestDialect(Dialect):
 class NodeSession(DialectSession):
     """A node connected to us (server mode)."""
 
-    def __init__(self, dialect: NodeIngestDialect, wire: Wire) -> None:
-        self.dialect = dialect
-        self.wire = wire
-
     def on_message(self, data: bytes, is_text: bool) -> None:
         self.dialect.receive(data, self.wire.send_binary)
-
-    def on_close(self) -> None:
-        self.dialect.sessions.discard(self)
 
 
 class NodeClient:

@@ -59,7 +59,6 @@ class MxHubDialect(Dialect):
     def __init__(self, gateway: Any, config: MxConfig) -> None:
         super().__init__(gateway)
         self.config = config
-        self.sessions: set[HubSession] = set()
         self.queued_total = 0
         self.dropped = Counter()  # reason -> frames dropped silently
         self.closed = Counter()  # reason -> connections closed by the router
@@ -70,10 +69,8 @@ class MxHubDialect(Dialect):
         # The session writes only below this; the server's own drop threshold must not be lower.
         return self.config.max_write_buffer_bytes
 
-    def open_session(self, wire: Wire, request_headers: Any) -> "HubSession":
-        session = HubSession(self, wire)
-        self.sessions.add(session)
-        return session
+    def new_session(self, wire: Wire, request_headers: Any) -> "HubSession":
+        return HubSession(self, wire)
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] += 1
@@ -109,7 +106,6 @@ class HubSession(DialectSession):
         self.sent_at = 0.0
         self.queue: deque[tuple[bytes, tuple | None]] = deque()
         self.subscriptions = 0
-        self.closed = False
         self.loop = asyncio.get_running_loop()
         self.accounts: list[tuple] = []  # (meta, bytes) written this loop turn, accounted together
 
@@ -254,17 +250,10 @@ class HubSession(DialectSession):
         metrics = self.gateway.metrics
         if metrics is not None:
             metrics.drops[(DIALECT, counted_as)] += len(self.queue) or 1
-        self._release()
+        self.release()
         self.wire.close(code, reason)
 
-    def on_close(self) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.dialect.sessions.discard(self)
+    def released(self) -> None:
         self.dialect.queued_total -= len(self.queue)
         self.queue.clear()
         if self.subscriptions:

@@ -62,7 +62,6 @@ class NolagDialect(Dialect):
         self.limits = codec.Limits(max_topic_length=config.max_topic_length, max_filters=config.max_filters)
         self.keys_path = config.keys_file(gateway.settings.data_dir)
         self._keys: KeyStore | None = None
-        self.sessions: set[NolagSession] = set()
         self._allowance: dict[str, int] = {}  # key id -> messages reserved from its monthly quota
         self._poller: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -75,10 +74,8 @@ class NolagDialect(Dialect):
             self._keys = KeyStore(self.keys_path)
         return self._keys
 
-    def open_session(self, wire: Wire, request_headers: Any) -> "NolagSession":
-        session = NolagSession(self, wire)
-        self.sessions.add(session)
-        return session
+    def new_session(self, wire: Wire, request_headers: Any) -> "NolagSession":
+        return NolagSession(self, wire)
 
     async def start(self) -> None:
         self._poller = asyncio.get_running_loop().create_task(self._watch_revocations())

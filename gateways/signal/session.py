@@ -62,12 +62,9 @@ class SignalHubDialect(Dialect):
         burst = config.rate_limit_burst or max(1, int(config.rate_limit_per_minute))
         self.bucket_rate = config.rate_limit_per_minute / 60.0
         self.bucket_capacity = float(burst)
-        self.sessions: set[SignalSession] = set()
 
-    def open_session(self, wire: Wire, request_headers: Any) -> "SignalSession":
-        session = SignalSession(self, wire)
-        self.sessions.add(session)
-        return session
+    def new_session(self, wire: Wire, request_headers: Any) -> "SignalSession":
+        return SignalSession(self, wire)
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "connected": sum(1 for s in self.sessions if s.connected)}
@@ -179,9 +176,8 @@ class SignalSession(DialectSession):
             self._cleanup()
             self.wire.close(1001, "heartbeat timeout")
 
-    def on_close(self) -> None:
+    def released(self) -> None:
         self.closing = True
-        self.dialect.sessions.discard(self)
         self._cleanup()
 
     # -- checks ---------------------------------------------------------------------------
