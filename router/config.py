@@ -43,6 +43,8 @@ def _absolute_path(value: str) -> str:
 
 
 UrlPath = Annotated[str, AfterValidator(_absolute_path)]  # a URL path: starts with "/"
+# A dialect's own port: None serves it on the router's main port (gateway i of N on port + i).
+OwnPort = Annotated[int | None, Field(ge=0, le=65535)]
 
 
 class ConfigError(Exception):

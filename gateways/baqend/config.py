@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator
 
-from router.config import KIB, MIB, JwtConfig, Section
+from router.config import KIB, MIB, JwtConfig, OwnPort, Section
 
 
 class BaqendConfig(Section):
@@ -14,7 +14,7 @@ class BaqendConfig(Section):
 
     enabled: bool = True
     path: str = "/v1/events"
-    port: int | None = Field(default=None, ge=0, le=65535)
+    port: OwnPort = None
     # REST base: GET <rest_path>/connect, <rest_path>/db/<Bucket>[/<key>].
     rest_path: str = "/v1"
     # What GET /v1/connect answers as "schema" (the SDK's metamodel: [{"class": "/db/Todo", "fields": {...}}]).

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from router.config import KIB, MIB, Section, UrlPath
+from router.config import KIB, MIB, OwnPort, Section, UrlPath
 
 
 CASHU_KINDS = ("bolt11_mint_quote", "bolt11_melt_quote", "bolt12_mint_quote", "bolt12_melt_quote", "proof_state")
@@ -42,7 +42,7 @@ class CashuConfig(Section):
 
     enabled: bool = True
     path: UrlPath = "/v1/ws"
-    port: int | None = Field(default=None, ge=0, le=65535)
+    port: OwnPort = None
     info_path: UrlPath = "/v1/info"
     # The mint pushes object states here (POST, API key). No key configured: the feed is off (403).
     state_path: UrlPath = "/v1/ws/state"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from router.config import KIB, MIB, Section, UrlPath
+from router.config import KIB, MIB, OwnPort, Section, UrlPath
 
 
 class MxIngestConfig(Section):
@@ -17,7 +17,7 @@ class MxIngestConfig(Section):
     mode: Literal["server", "client"] = "server"
     path: UrlPath = "/save"
     # None: the router's main port; a number opens a port of its own (22111 is the node's default).
-    port: int | None = Field(default=None, ge=0, le=65535)
+    port: OwnPort = None
     connect_url: str | None = None
     # The node's marshaller; "auto" reads each frame's first byte ("{" = JSON).
     marshaller: Literal["auto", "gogo", "json"] = "auto"
@@ -42,7 +42,7 @@ class MxConfig(Section):
 
     enabled: bool = True
     path: UrlPath = "/hub/ws"
-    port: int | None = Field(default=None, ge=0, le=65535)
+    port: OwnPort = None
     # Text frames on the binary-only endpoint: dropped (counted) or the connection closed with 1003.
     text_frames: Literal["drop", "close"] = "drop"
     # Stop-and-wait delivery for connections that do not say (`?ack=1` / `?ack=0` on the URL do).

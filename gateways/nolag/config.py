@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from router.config import KIB, MIB, Section, UrlPath
+from router.config import KIB, MIB, OwnPort, Section, UrlPath
 
 
 class NolagLobby(Section):
@@ -41,7 +41,7 @@ class NolagConfig(Section):
 
     enabled: bool = True
     path: UrlPath = "/ws"
-    port: int | None = Field(default=None, ge=0, le=65535)
+    port: OwnPort = None
     # Keys (`router keys create|list|revoke`); default <data_dir>/keys.sqlite3.
     keys_path: Path | None = None
     revocation_poll_s: float = Field(default=1.0, gt=0)

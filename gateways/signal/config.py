@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from router.config import KIB, MIB, JwtConfig, Section, UrlPath
+from router.config import KIB, MIB, JwtConfig, OwnPort, Section, UrlPath
 
 
 ALL_SIGNAL_CAPABILITIES = ("send", "receive", "discover", "broadcast", "publish", "subscribe")
@@ -15,7 +15,7 @@ class SignalHubConfig(Section):
 
     enabled: bool = True
     path: UrlPath = "/signal"
-    port: int | None = Field(default=None, ge=0, le=65535)
+    port: OwnPort = None
     protocol_version: str = "1.0"
     hub_address: str = "cloudflare/signal-hub"
     auth: JwtConfig = Field(default_factory=JwtConfig)
