@@ -1,4 +1,4 @@
-"""NoLag state kept by the topic shards: subscriptions, presence and lobbies, QoS acks, QoS 2 dedup.
+"""NoLag state kept by the topic shards: subscriptions, presence, lobbies.
 
 Plain classes: no Ray, no I/O, no clock (time is passed in). A *location* is whatever the shard
 uses to address a connection (hashable, e.g. ``(gateway_id, connection_id)``); payloads are opaque.
@@ -14,17 +14,10 @@ Choices (also in ``docs/nolag.md``):
   flooded and one that leaves costs nothing. The excluded sender never takes a turn.
 - Presence is per room and per actor: an actor present from two connections is one entry whose
   location is the last one that set it, so closing the older connection does not make it leave.
-- Redelivery (:class:`AckTracker`) defaults: first retry after 5 s, then ×2 (10, 20, 40 s), 5
-  sends in all, at most 1000 unacked frames per connection (the oldest is dropped beyond).
-- QoS 2 (:class:`Dedup`): delivered msgIds are remembered per actor (so across reconnects), at most
-  10,000 per actor and for one hour; a redelivery of an unacked frame is the same delivery and does
-  not pass through it.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
@@ -168,12 +161,9 @@ class _Entry:
 
 
 class Presence:
-    def __init__(self, lobbies: Iterable[Lobby] = ()) -> None:
+    def __init__(self) -> None:
         self._rooms: dict[str, dict[str, _Entry]] = {}
         self._by_location: dict[Location, set[tuple[str, str]]] = {}
-        self._lobbies: dict[str, Lobby] = {}
-        for lobby in lobbies:
-            self.add_lobby(lobby)
 
     def set(self, room: str, actor_id: str, location: Location, data: Any, now: int) -> list[PresenceEvent]:
         """First presence of an actor in a room: ``join`` then ``update``; later ones: ``update``.
@@ -232,178 +222,9 @@ class Presence:
     def rooms(self) -> list[str]:
         return sorted(self._rooms)
 
-    def add_lobby(self, lobby: Lobby) -> None:
-        self._lobbies[lobby.lobby_id] = lobby
-
-    def lobby(self, lobby_id: str) -> Lobby | None:
-        return self._lobbies.get(lobby_id)
-
-    def lobbies_of(self, room: str) -> list[str]:
-        """The lobbies that show ``room`` (sorted): where a presence change must also go."""
-        return sorted(lobby_id for lobby_id, lobby in self._lobbies.items() if lobby.contains(room))
-
-    def snapshot(self, lobby_id: str) -> dict[str, dict[str, Any]]:
-        """``{room: {actor: data}}`` over the lobby's rooms that have someone (``lobbySubscribed``)."""
-        lobby = self._lobbies.get(lobby_id)
-        if lobby is None:
-            raise KeyError(lobby_id)
-        if lobby.rooms is not None:
-            rooms = [room for room in sorted(lobby.rooms) if room in self._rooms]
-        else:
-            rooms = [room for room in sorted(self._rooms) if lobby.contains(room)]
-        return {room: {actor: entry.data for actor, entry in self._rooms[room].items()} for room in rooms}
-
     def _unindex(self, location: Location, room: str, actor: str) -> None:
         keys = self._by_location.get(location)
         if keys is not None:
             keys.discard((room, actor))
             if not keys:
                 del self._by_location[location]
-
-
-# -- QoS 1/2: acknowledgements and redelivery ---------------------------------------------------
-
-@dataclass(slots=True)
-class _Unacked:
-    frame: Any
-    attempts: int
-    due: float
-
-
-@dataclass(frozen=True, slots=True)
-class Redelivery:
-    location: Location
-    msg_id: str
-    frame: Any
-    attempt: int  # 2 for the first redelivery
-
-
-class AckTracker:
-    """Frames sent with ``requiresAck`` until acked: due again after ``initial_timeout_s``, then
-    ``factor`` times longer each time, given up after ``max_attempts`` sends (first one included)."""
-
-    def __init__(self, initial_timeout_s: float = 5.0, factor: float = 2.0, max_attempts: int = 5,
-                 max_unacked: int = 1000) -> None:
-        if initial_timeout_s <= 0 or factor < 1 or max_attempts < 1 or max_unacked < 1:
-            raise ValueError("need initial_timeout_s > 0, factor >= 1, max_attempts >= 1, max_unacked >= 1")
-        self.initial_timeout_s = initial_timeout_s
-        self.factor = factor
-        self.max_attempts = max_attempts
-        self.max_unacked = max_unacked
-        self._pending: dict[Location, OrderedDict[str, _Unacked]] = {}
-        self._heap: list[tuple[float, int, Location, str]] = []  # stale entries are skipped
-        self._seq = 0
-        self._live = 0  # frames in _pending
-        self.dropped = 0  # pushed out by max_unacked
-        self.expired = 0  # given up after max_attempts
-
-    def sent(self, location: Location, msg_id: str, frame: Any, now: float) -> None:
-        pending = self._pending.setdefault(location, OrderedDict())
-        if msg_id in pending:
-            del pending[msg_id]
-            self._live -= 1
-        elif len(pending) >= self.max_unacked:
-            pending.popitem(last=False)
-            self._live -= 1
-            self.dropped += 1
-        self._live += 1
-        item = _Unacked(frame, 1, now + self.initial_timeout_s)
-        pending[msg_id] = item
-        self._push(item.due, location, msg_id)
-
-    def ack(self, location: Location, msg_id: str) -> bool:
-        pending = self._pending.get(location)
-        if pending is None or pending.pop(msg_id, None) is None:
-            return False
-        self._live -= 1
-        if not pending:
-            del self._pending[location]
-        return True
-
-    def due(self, now: float) -> list[Redelivery]:
-        """Frames to send again now, in the order they fell due."""
-        out = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            due, _, location, msg_id = heapq.heappop(heap)
-            pending = self._pending.get(location)
-            item = None if pending is None else pending.get(msg_id)
-            if item is None or item.due != due:
-                continue  # acked, dropped, purged or re-sent since
-            if item.attempts >= self.max_attempts:
-                del pending[msg_id]
-                self._live -= 1
-                if not pending:
-                    del self._pending[location]
-                self.expired += 1
-                continue
-            item.attempts += 1
-            item.due = now + self.initial_timeout_s * self.factor ** (item.attempts - 1)
-            self._push(item.due, location, msg_id)
-            out.append(Redelivery(location, msg_id, item.frame, item.attempts))
-        return out
-
-    def next_due(self) -> float | None:
-        """When :meth:`due` may next return something (an upper bound on the wait), or None."""
-        return self._heap[0][0] if self._heap else None
-
-    def purge_connection(self, location: Location) -> int:
-        """Forget a closed connection's frames; returns how many were unacked."""
-        pending = self._pending.pop(location, None)
-        if pending is None:
-            return 0
-        self._live -= len(pending)
-        return len(pending)
-
-    def unacked(self, location: Location) -> list[str]:
-        return list(self._pending.get(location, ()))
-
-    def _push(self, due: float, location: Location, msg_id: str) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (due, self._seq, location, msg_id))
-        if len(self._heap) > 4 * self._live + 256:
-            self._compact()
-
-    def _compact(self) -> None:
-        self._heap = [entry for entry in self._heap
-                      if (item := self._pending.get(entry[2], {}).get(entry[3])) is not None and item.due == entry[0]]
-        heapq.heapify(self._heap)
-
-
-# -- QoS 2: never the same msgId twice to one actor ---------------------------------------------
-
-class Dedup:
-    def __init__(self, max_per_actor: int = 10_000, window_s: float = 3600.0, max_actors: int = 100_000) -> None:
-        self.max_per_actor = max_per_actor
-        self.window_s = window_s
-        self.max_actors = max_actors
-        # actor (least recently active first) -> {msgId: when delivered}, oldest first
-        self._actors: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()
-
-    def first_delivery(self, actor: str, msg_id: str, now: float) -> bool:
-        """True (and remembered) if ``actor`` has not been given ``msg_id``; False: drop it."""
-        ids = self._actors.get(actor)
-        if ids is None:
-            ids = self._actors[actor] = OrderedDict()
-            while len(self._actors) > self.max_actors:
-                self._actors.popitem(last=False)
-        else:
-            self._actors.move_to_end(actor)
-        horizon = now - self.window_s
-        while ids and next(iter(ids.values())) < horizon:
-            ids.popitem(last=False)
-        if msg_id in ids:
-            return False
-        ids[msg_id] = now
-        if len(ids) > self.max_per_actor:
-            ids.popitem(last=False)
-        return True
-
-    def seen(self, actor: str, msg_id: str, now: float) -> bool:
-        """Whether ``msg_id`` was delivered to ``actor`` within the window (does not record)."""
-        ids = self._actors.get(actor)
-        delivered = None if ids is None else ids.get(msg_id)
-        return delivered is not None and delivered >= now - self.window_s
-
-    def forget(self, actor: str) -> None:
-        self._actors.pop(actor, None)

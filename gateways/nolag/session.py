@@ -11,8 +11,9 @@ Where the state lives:
 - session shards own each actor's subscriptions, the point to replay from and the QoS 2 ids it
   has seen, so a client that reconnects (``reconnect: true``) gets its subscriptions back and the
   messages it missed, on any gateway;
-- this session holds what is per connection: unacknowledged QoS 1/2 messages (redelivered with
-  backoff), the replay in progress, the rate limiter.
+- this session holds what is per connection: its QoS window (``gateways/nolag/qos.py``:
+  unacknowledged QoS 1/2 messages, redelivered with backoff; the QoS 2 ids written; the replay
+  positions), the replay in progress, the rate limiter.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -33,6 +33,7 @@ from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from gateways.nolag.config import NolagConfig
+from gateways.nolag.qos import QosWindow
 from router import contract
 from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable
@@ -90,7 +91,7 @@ class NolagDialect(Dialect):
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "authenticated": sum(1 for s in self.sessions if s.key),
-                "unacked": sum(len(s.unacked) for s in self.sessions), "redelivered": self.redelivered,
+                "unacked": sum(len(s.qos.unacked) for s in self.sessions), "redelivered": self.redelivered,
                 "hydrations": self.hydrations}
 
     async def _watch_revocations(self) -> None:
@@ -170,15 +171,6 @@ class _Item(NamedTuple):
     is_replay: bool
 
 
-class _Unacked:
-    """A QoS 1/2 frame written and not yet acknowledged."""
-
-    __slots__ = ("frame", "ts_ms", "attempts", "due", "qos", "topic")
-
-    def __init__(self, frame: bytes, ts_ms: int, due: float, qos: int, topic: str) -> None:
-        self.frame, self.ts_ms, self.attempts, self.due, self.qos, self.topic = frame, ts_ms, 1, due, qos, topic
-
-
 class NolagSession(DialectSession):
     def __init__(self, dialect: NolagDialect, wire: Wire) -> None:
         super().__init__(dialect, wire)
@@ -191,14 +183,11 @@ class NolagSession(DialectSession):
         self.closed = False
         self.bucket = TokenBucket(self.config.rate_limit_per_s, self.config.rate_limit_per_s, self.opened)
         self.subs: dict[str, _Subscription] = {}
-        self.positions: dict[str, int] = {}  # topic -> shard timestamp of the last message written here
         self.rooms: dict[str, int] = {}  # rooms this connection is in through its subscriptions
         self.lobbies: set[str] = set()
-        self.unacked: OrderedDict[str, _Unacked] = OrderedDict()  # msg id -> its frame, oldest first
-        # Acknowledgements are opt-in: a client that never acks (the nolag SDK 2.6.0 does not) is not
-        # sent each message again and again; one that has acked once gets redeliveries.
-        self.acks_seen = False
-        self.seen_qos2: OrderedDict[str, None] = OrderedDict()
+        config = self.config
+        # unacked QoS 1/2 frames, the QoS 2 ids written, the positions a reconnect replays from
+        self.qos = QosWindow(config.ack_timeout_s, config.ack_backoff, config.max_attempts, config.max_unacked)
         self.replaying: list | None = None  # live deliveries held while a replay is sent
         self.tasks: set[asyncio.Task] = set()
         self.last_checkpoint = 0.0
@@ -249,12 +238,9 @@ class NolagSession(DialectSession):
         elif isinstance(request, codec.SetFilters):
             self._set_filters(request)
         elif isinstance(request, codec.Ack):
-            self.acks_seen = True
-            self.unacked.pop(request.msg_id, None)
+            self.qos.acked(request.msg_id)
         elif isinstance(request, codec.BatchAck):
-            self.acks_seen = True
-            for msg_id in request.msg_ids:
-                self.unacked.pop(msg_id, None)
+            self.qos.acked(*request.msg_ids)
         elif isinstance(request, codec.Presence):
             key = room_key(self.project, request.room_id)
             self._ask(key, nolag.presence(key, self.wire.id, self.actor, request.data, now_ms()), None)
@@ -301,8 +287,7 @@ class NolagSession(DialectSession):
             self._authenticated(version, [])
             return
         subscriptions, resume, seen = state
-        for msg_id in seen:
-            self.seen_qos2[msg_id] = None
+        self.qos.restore(seen)
         self.replaying = []
         pending = [len(subscriptions)]
         restored = sorted(subscriptions)
@@ -320,16 +305,14 @@ class NolagSession(DialectSession):
         for topic, (qos, filters, load_balance, group) in subscriptions.items():
             def joined(result: Any, topic: str = topic) -> None:
                 if topic not in resume and isinstance(result, int):
-                    self.positions.setdefault(topic, result)
+                    self.qos.joined(topic, result)
                 done()
 
             self._add_subscription(_Subscription(topic, qos, tuple(filters), load_balance, group), joined)
 
     def _replay(self, resume: dict[str, int]) -> None:
         """Ask each topic's shard for what it logged after this actor's position in the topic."""
-        topics = [topic for topic in self.subs if topic in resume]
-        for topic in topics:
-            self.positions[topic] = max(self.positions.get(topic, 0), resume[topic])
+        topics = self.qos.replay_topics(resume, self.subs)
         if not topics or not self.config.max_replay:
             self._end_replay([])
             return
@@ -350,22 +333,19 @@ class NolagSession(DialectSession):
     def _end_replay(self, records: list) -> None:
         """Send what was missed (replayStart, messages, replayEnd), then the live ones held meanwhile."""
         held, self.replaying = self.replaying or [], None
-        items = []
+        logged = []
         for topic, msg_id, ts_ms, packed, qos, filter_ in records:
             sub = self.subs.get(topic)
             if sub is None or not _selects(sub, filter_):
                 continue
-            qos = min(qos, sub.qos)
-            if qos == 2 and msg_id in self.seen_qos2:
-                continue  # exactly once: the actor had it before it went away
-            items.append(_Item(topic, packed, msg_id, qos, filter_, ts_ms, None, True))
+            logged.append(_Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, None, True))
+        # exactly once: QoS 2 ids the actor had before it went away are left out, and live ones in the replay
+        items, held = self.qos.replayed(logged, held)
         if items:
             self._send(codec.replay_start(len(items), items[0].ts_ms, items[-1].ts_ms))
             for item in items:
                 self._deliver(*item)
             self._send(codec.replay_end(len(items)))
-            replayed = {item.msg_id for item in items}
-            held = [item for item in held if item.msg_id is None or item.msg_id not in replayed]
         for item in held:
             self._deliver(*item)
 
@@ -387,8 +367,8 @@ class NolagSession(DialectSession):
                 self._send(codec.error("internal_error", topic=topic, hint="the router could not subscribe; retry"))
                 return
             self._send(codec.subscribed(topic, request.load_balance))
-            self.positions.setdefault(topic, result)  # the topic's last message when we joined
-            self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), self.positions[topic]), None)
+            position = self.qos.joined(topic, result)  # the topic's last message when we joined
+            self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), position), None)
             url = self.dialect.hydration_url(topic)
             if url is not None:
                 self._spawn(self._hydrate(url, topic))
@@ -415,7 +395,7 @@ class NolagSession(DialectSession):
             raise codec.nolag_error("not_subscribed", f"not subscribed to {topic}", topic)
         key = topic_key(self.project, topic)
         self._ask(key, nolag.unsubscribe(key, self.wire.id), None)
-        self.positions.pop(topic, None)
+        self.qos.left(topic)
         self._ask_session(nolag.actor_save(self.actor, topic, None, None), None)
         room = room_of(topic)
         self.rooms[room] -= 1
@@ -491,23 +471,13 @@ class NolagSession(DialectSession):
 
     def _deliver(self, topic: str, packed: bytes, msg_id: str | None, qos: int, filter_: str | None, ts_ms: int,
                  meta: tuple | None, is_replay: bool) -> None:
-        acked = qos >= 1 and msg_id is not None
-        if acked and qos == 2 and msg_id in self.seen_qos2:
-            return  # exactly once: this actor has had it (on this connection or an earlier one)
-        if acked and msg_id in self.unacked:
-            return  # already out and waiting for its ack
-        frame = codec.message_packed(topic, packed, msg_id, acked, is_replay, filter_, None, ts_ms)
+        window = self.qos
+        if not window.deliverable(msg_id, qos):
+            return
+        frame = codec.message_packed(topic, packed, msg_id, window.requires_ack(msg_id, qos), is_replay, filter_,
+                                     None, ts_ms)
         sent = self._send(frame)
-        if sent and ts_ms > self.positions.get(topic, 0):
-            self.positions[topic] = ts_ms
-        if acked:
-            if qos == 2 and sent:
-                self.seen_qos2[msg_id] = None
-                while len(self.seen_qos2) > 10_000:
-                    self.seen_qos2.popitem(last=False)
-            if len(self.unacked) >= self.config.max_unacked:
-                self.unacked.popitem(last=False)
-            self.unacked[msg_id] = _Unacked(frame, ts_ms, time.monotonic() + self.config.ack_timeout_s, qos, topic)
+        window.delivered(topic, msg_id, qos, ts_ms, frame, sent, time.monotonic())
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
@@ -554,38 +524,12 @@ class NolagSession(DialectSession):
             return
         if now - self.last_sent > config.heartbeat_interval_s:
             self._send(HEARTBEAT)
-        if self.unacked and self.acks_seen:
-            self._redeliver(now)
+        for frame in self.qos.due(now):  # unacked ones, once the connection acks
+            self._send(frame)
+            self.dialect.redelivered += 1
         if now - self.last_checkpoint > CHECKPOINT_S and self.subs:
             self.last_checkpoint = now
-            self._ask_session(nolag.actor_checkpoint(self.actor, self._resume()), None)
-
-    def _redeliver(self, now: float) -> None:
-        config = self.config
-        for msg_id, entry in list(self.unacked.items()):
-            if entry.due > now or entry.qos == 2:
-                continue  # QoS 2 is never sent twice to an actor: it waits for its ack only
-            if entry.attempts >= config.max_attempts:
-                del self.unacked[msg_id]  # given up: it stays in the log for a reconnect's replay
-                continue
-            self._send(entry.frame)
-            self.dialect.redelivered += 1
-            entry.due = now + config.ack_timeout_s * config.ack_backoff ** entry.attempts
-            entry.attempts += 1
-
-    def _resume(self) -> dict[str, int]:
-        """Per topic, where a reconnect replays from: the last message written to this connection,
-        or (for clients that ack) just before the oldest one still waiting for its ack.
-
-        Positions are the topic shard's timestamps, strictly increasing per topic, so "after this
-        position" is exactly "not yet written to this actor"."""
-        resume = dict(self.positions)
-        if self.acks_seen:
-            for entry in self.unacked.values():
-                topic = entry.topic
-                if topic in resume and entry.ts_ms - 1 < resume[topic]:
-                    resume[topic] = entry.ts_ms - 1
-        return resume
+            self._ask_session(nolag.actor_checkpoint(self.actor, self.qos.resume()), None)
 
     def disconnect(self, reason: str) -> None:
         self._send(codec.disconnect(reason))
@@ -610,7 +554,7 @@ class NolagSession(DialectSession):
         shards, connection_id = self.shards, self.wire.id
         for link in shards.all(TOPIC):
             shards.send(link, contract.purge(connection_id))
-        self._ask_session(nolag.actor_leave(self.actor, self._resume(), list(self.seen_qos2)[-1000:]), None)
+        self._ask_session(nolag.actor_leave(self.actor, self.qos.resume(), self.qos.kept_seen()), None)
 
     # -- plumbing -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""actors/nolag.py: routing with filters and load balancing, presence and lobbies, acks, QoS 2 dedup."""
+"""actors/nolag/state.py: routing with filters and load balancing, presence, lobbies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from actors.nolag.state import AckTracker, Dedup, Lobby, Presence, PresenceEvent, Redelivery, Subscriptions
+from actors.nolag.state import Lobby, Presence, PresenceEvent, Subscriptions
 
 T = "chat/general/messages"
 
@@ -196,113 +196,4 @@ def test_lobbies_by_rooms_and_by_prefix():
         Lobby("bad")
     with pytest.raises(ValueError):
         Lobby("bad", rooms=frozenset({"a"}), prefix="a")
-    presence = Presence([trips, lounge])
-    presence.set("trip-1", "actor_123", "c1", {"status": "driving"}, 1)
-    presence.set("trip-2", "actor_456", "c2", {"status": "waiting"}, 2)
-    presence.set("general", "actor_789", "c3", {"status": "idle"}, 3)
-    assert presence.snapshot("active-trips") == {"trip-1": {"actor_123": {"status": "driving"}},
-                                                 "trip-2": {"actor_456": {"status": "waiting"}}}
-    assert presence.snapshot("lounge") == {"general": {"actor_789": {"status": "idle"}}}
-    assert presence.lobbies_of("trip-9") == ["active-trips"]
-    assert presence.lobbies_of("general") == ["lounge"]
-    assert presence.lobbies_of("elsewhere") == []
-    presence.add_lobby(Lobby("everything", prefix=""))
-    assert presence.lobbies_of("general") == ["everything", "lounge"]
-    assert presence.lobby("lounge") is lounge and presence.lobby("nope") is None
-    with pytest.raises(KeyError):
-        presence.snapshot("nope")
-
-
-# -- acknowledgements ---------------------------------------------------------------------------
-
-def test_redelivery_backoff_and_give_up():
-    acks = AckTracker()  # 5 s, x2, 5 sends, 1000 unacked
-    acks.sent("c", "m1", b"frame", 100.0)
-    assert acks.next_due() == 105.0
-    assert acks.due(104.999) == []
-    assert acks.due(105.0) == [Redelivery("c", "m1", b"frame", 2)]
-    assert acks.due(114.999) == []
-    assert acks.due(115.0) == [Redelivery("c", "m1", b"frame", 3)]
-    assert acks.due(135.0) == [Redelivery("c", "m1", b"frame", 4)]
-    assert acks.due(175.0) == [Redelivery("c", "m1", b"frame", 5)]
-    assert acks.due(254.999) == []
-    assert acks.due(255.0) == [] and acks.expired == 1
-    assert acks.unacked("c") == [] and acks.next_due() is None
-
-
-def test_backoff_counts_from_when_it_was_actually_resent():
-    acks = AckTracker(initial_timeout_s=1.0, factor=3.0, max_attempts=3)
-    acks.sent("c", "m", "f", 0.0)
-    assert acks.due(2.5) == [Redelivery("c", "m", "f", 2)]  # late: next one 3 s after 2.5
-    assert acks.due(5.4) == []
-    assert acks.due(5.5) == [Redelivery("c", "m", "f", 3)]
-    assert acks.due(1e9) == [] and acks.expired == 1
-
-
-def test_ack_stops_redelivery():
-    acks = AckTracker()
-    acks.sent("c", "m1", "f1", 0.0)
-    acks.sent("c", "m2", "f2", 1.0)
-    acks.sent("d", "m1", "g1", 2.0)
-    assert acks.ack("c", "m1") is True
-    assert acks.ack("c", "m1") is False
-    assert acks.ack("e", "m1") is False
-    assert acks.due(10.0) == [Redelivery("c", "m2", "f2", 2), Redelivery("d", "m1", "g1", 2)]
-    assert acks.unacked("c") == ["m2"]
-
-
-def test_max_unacked_drops_the_oldest_and_counts_it():
-    acks = AckTracker(max_unacked=2)
-    for index in range(4):
-        acks.sent("c", f"m{index}", index, float(index))
-    acks.sent("d", "x", "x", 0.0)
-    assert acks.dropped == 2
-    assert acks.unacked("c") == ["m2", "m3"] and acks.unacked("d") == ["x"]
-    assert [(r.location, r.msg_id) for r in acks.due(100.0)] == [("d", "x"), ("c", "m2"), ("c", "m3")]
-
-
-def test_resending_the_same_msg_id_restarts_its_clock_and_purge_forgets():
-    acks = AckTracker()
-    acks.sent("c", "m", "old", 0.0)
-    acks.sent("c", "m", "new", 3.0)
-    assert acks.due(5.0) == []
-    assert acks.due(8.0) == [Redelivery("c", "m", "new", 2)]
-    assert acks.purge_connection("c") == 1
-    assert acks.purge_connection("c") == 0
-    assert acks.due(1e6) == [] and acks.expired == 0
-
-
-def test_heap_stays_bounded_under_acked_traffic():
-    acks = AckTracker()
-    for index in range(10_000):
-        acks.sent("c", f"m{index}", None, float(index))
-        acks.ack("c", f"m{index}")
-    assert len(acks._heap) <= 256 + 1
-    with pytest.raises(ValueError):
-        AckTracker(max_attempts=0)
-
-
-# -- QoS 2 dedup --------------------------------------------------------------------------------
-
-def test_dedup_per_actor_across_connections():
-    dedup = Dedup()
-    assert dedup.first_delivery("actor_1", "m1", 0.0) is True
-    assert dedup.first_delivery("actor_1", "m1", 1.0) is False  # e.g. replay after a reconnect
-    assert dedup.first_delivery("actor_2", "m1", 1.0) is True
-    assert dedup.seen("actor_1", "m1", 2.0) and not dedup.seen("actor_1", "m2", 2.0)
-    dedup.forget("actor_1")
-    assert dedup.first_delivery("actor_1", "m1", 3.0) is True
-
-
-def test_dedup_window_and_bounds():
-    dedup = Dedup(max_per_actor=3, window_s=10.0, max_actors=2)
-    for index in range(4):
-        assert dedup.first_delivery("a", f"m{index}", float(index))
-    assert dedup.first_delivery("a", "m0", 4.0) is True  # pushed out by max_per_actor
-    assert dedup.first_delivery("a", "m3", 5.0) is False
-    assert dedup.seen("a", "m3", 13.0) and not dedup.seen("a", "m3", 13.1)
-    assert dedup.first_delivery("a", "m3", 13.5) is True  # outside the window
-    dedup.first_delivery("b", "x", 14.0)
-    dedup.first_delivery("c", "x", 14.0)  # evicts "a", the least recently active actor
-    assert not dedup.seen("a", "m3", 14.0)
-    assert dedup.first_delivery("b", "x", 14.0) is False
+    assert Lobby("everything", prefix="").contains("general")
