@@ -156,16 +156,16 @@ class ShardClient:
         self.send(link, command, resolve, timeout_s)
         return future
 
-    def send_all(self, links: list[ShardLink], command: tuple, on_results: Callable[[list], None],
-                 timeout_s: float | None = None) -> None:
-        """Send ``command`` to each of ``links``; ``on_results(results)`` runs once, when every one
-        has answered, with the results in ``links`` order (a failure is its ShardUnavailable or
+    def send_each(self, requests: list[tuple[ShardLink, tuple]], on_results: Callable[[list], None],
+                  timeout_s: float | None = None) -> None:
+        """Send each ``(link, command)``; ``on_results(results)`` runs once, when every one has
+        answered, with the results in ``requests`` order (a failure is its ShardUnavailable or
         CommandError, for the caller to judge)."""
-        if not links:
+        if not requests:
             on_results([])
             return
-        results: list[Any] = [None] * len(links)
-        remaining = [len(links)]
+        results: list[Any] = [None] * len(requests)
+        remaining = [len(requests)]
 
         def collect(index: int, result: Any) -> None:
             results[index] = result
@@ -173,8 +173,13 @@ class ShardClient:
             if not remaining[0]:
                 on_results(results)
 
-        for index, link in enumerate(links):
+        for index, (link, command) in enumerate(requests):
             self.send(link, command, partial(collect, index), timeout_s)
+
+    def send_all(self, links: list[ShardLink], command: tuple, on_results: Callable[[list], None],
+                 timeout_s: float | None = None) -> None:
+        """:meth:`send_each` of one ``command`` to each of ``links``."""
+        self.send_each([(link, command) for link in links], on_results, timeout_s)
 
     async def gather(self, kind: str, command: tuple, timeout_s: float | None = None) -> list[Any]:
         """Send ``command`` to every shard of ``kind``; results in shard order."""
@@ -425,6 +430,9 @@ class ShardView:
 
     def request(self, link: ShardLink, command: tuple) -> asyncio.Future:
         return self.client.request(link, command, self.timeout_s)
+
+    def send_each(self, requests: list[tuple[ShardLink, tuple]], on_results: Callable[[list], None]) -> None:
+        self.client.send_each(requests, on_results, self.timeout_s)
 
     def send_all(self, links: list[ShardLink], command: tuple, on_results: Callable[[list], None]) -> None:
         self.client.send_all(links, command, on_results, self.timeout_s)

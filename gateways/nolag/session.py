@@ -180,7 +180,6 @@ class NolagSession(DialectSession):
         self.actor = ""
         self.project = ""
         self.authenticating = False
-        self.closed = False
         self.bucket = TokenBucket(self.config.rate_limit_per_s, self.config.rate_limit_per_s, self.opened)
         self.subs: dict[str, _Subscription] = {}
         self.rooms: dict[str, int] = {}  # rooms this connection is in through its subscriptions
@@ -316,19 +315,18 @@ class NolagSession(DialectSession):
         if not topics or not self.config.max_replay:
             self._end_replay([])
             return
-        pending, records = [len(topics)], []
 
-        def collected(result: Any) -> None:
-            if not isinstance(result, (ShardUnavailable, CommandError)):
-                records.extend(result)
-            pending[0] -= 1
-            if pending[0] == 0:
-                records.sort(key=lambda record: record.ts_ms)
-                self._end_replay(records[: self.config.max_replay])
+        def collected(results: list) -> None:
+            if self.closed:
+                return
+            records = [record for result in results if not isinstance(result, (ShardUnavailable, CommandError))
+                       for record in result]
+            records.sort(key=lambda record: record.ts_ms)
+            self._end_replay(records[: self.config.max_replay])
 
-        for topic in topics:
-            key = topic_key(self.project, topic)
-            self._ask(key, nolag.log(key, resume[topic], self.config.max_replay), collected, failures=True)
+        shards, keys = self.shards, [topic_key(self.project, topic) for topic in topics]
+        self.shards.send_each([(shards.link(TOPIC, key), nolag.log(key, resume[topic], self.config.max_replay))
+                               for key, topic in zip(keys, topics)], collected)
 
     def _end_replay(self, records: list) -> None:
         """Send what was missed (replayStart, messages, replayEnd), then the live ones held meanwhile."""
@@ -536,17 +534,10 @@ class NolagSession(DialectSession):
         self._shut(1008, reason)
 
     def _shut(self, code: int, reason: str) -> None:
-        self._release()
+        self.release()
         self.wire.close(code, reason)
 
-    def on_close(self) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.dialect.sessions.discard(self)
+    def released(self) -> None:
         for task in self.tasks:
             task.cancel()
         if self.key is None:
@@ -577,18 +568,11 @@ class NolagSession(DialectSession):
         shards.send(shards.link(TOPIC, key), command, done)
 
     def _ask_all(self, command: tuple, on_results: Any) -> None:
-        links = self.shards.all(TOPIC)
-        results: list = [None] * len(links)
-        pending = [len(links)]
-
-        def one(index: int, result: Any) -> None:
-            results[index] = result
-            pending[0] -= 1
-            if pending[0] == 0 and not self.closed:
+        def collected(results: list) -> None:
+            if not self.closed:
                 on_results(results)
 
-        for index, link in enumerate(links):
-            self.shards.send(link, command, lambda result, index=index: one(index, result))
+        self.shards.send_all(self.shards.all(TOPIC), command, collected)
 
     def _ask_session(self, command: tuple, on_result: Any) -> None:
         shards = self.shards
