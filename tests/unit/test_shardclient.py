@@ -141,3 +141,34 @@ def test_views_share_the_clients_links_and_batches():
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_send_each_answers_once_in_request_order_with_failures_in_their_slots():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        first, second = _Handle(), _Handle()
+        client = ShardClient("gw-1", {"topic": [("topic-shard-0", first), ("topic-shard-1", second)]}, loop,
+                             on_bundle=lambda bundle: None, batch_max=100, max_inflight=4, timeout_s=10)
+        view = client.view(5.0)
+        links = view.all("topic")
+        answers: list = []
+        view.send_each([(links[1], ("x",)), (links[0], ("y",))], answers.append)
+        await _until(lambda: first.calls and second.calls)
+        first.futures[0].set_result((["Y"], None))
+        await asyncio.sleep(0.01)
+        assert answers == []  # one answer still missing
+        second.futures[0].set_exception(RuntimeError("gone"))
+        await _until(lambda: answers)
+        [results] = answers
+        assert isinstance(results[0], ShardUnavailable) and results[1] == "Y"
+        view.send_each([], answers.append)
+        assert answers[1] == []
+        view.send_all(links, ("z",), answers.append)
+        await _until(lambda: len(first.calls) == 2 and len(second.calls) == 2)
+        second.futures[1].set_result((["Z1"], None))
+        first.futures[1].set_result((["Z0"], None))
+        await _until(lambda: len(answers) == 3)
+        assert answers[2] == ["Z0", "Z1"] and client.pending == 0
+        client.close()
+
+    asyncio.run(scenario())
