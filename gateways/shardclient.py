@@ -441,6 +441,19 @@ class ShardView:
         return await self.client.gather(kind, command, self.timeout_s)
 
 
+class _Source:
+    """What the sequencer knows of one shard: its epoch, the next bundle it expects, the early
+    ones waiting for it, and the timer of the current gap."""
+
+    __slots__ = ("epoch", "expected", "waiting", "timer")
+
+    def __init__(self, epoch: str) -> None:
+        self.epoch = epoch
+        self.expected = 0
+        self.waiting: dict[int, list] = {}  # seq -> items, arrived before `expected`
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class DeliverySequencer:
     """Applies each shard's delivery bundles in the order the shard emitted them.
 
@@ -453,7 +466,7 @@ class DeliverySequencer:
         self.apply = apply
         self.timeout_s = timeout_s
         self.loop = loop
-        self._sources: dict[str, list] = {}  # source -> [epoch, expected seq, {seq: items}, timer]
+        self._sources: dict[str, _Source] = {}
         self._retired: dict[str, set[str]] = {}  # source -> epochs it has moved past
         self.skipped = 0
         self.stale = 0
@@ -461,53 +474,52 @@ class DeliverySequencer:
     def accept(self, bundle: tuple) -> None:
         source, epoch, seq, items = bundle
         state = self._sources.get(source)
-        if state is None or state[0] != epoch:
+        if state is None or state.epoch != epoch:
             retired = self._retired.setdefault(source, set())
             if epoch in retired:
                 self.stale += 1  # a straggler from before the shard restarted
                 return
             if state is not None:
-                retired.add(state[0])
-                if state[3] is not None:
-                    state[3].cancel()
-            state = [epoch, 0, {}, None]
-            self._sources[source] = state
-        expected = state[1]
+                retired.add(state.epoch)
+                if state.timer is not None:
+                    state.timer.cancel()
+            state = self._sources[source] = _Source(epoch)
+        expected = state.expected
         if seq == expected:
             self._apply(items)
-            state[1] = expected + 1
-            if state[2]:
+            state.expected = expected + 1
+            if state.waiting:
                 self._drain(state)
         elif seq > expected:
-            state[2][seq] = items
-            if state[3] is None:
-                state[3] = self.loop.call_later(self.timeout_s, self._gap_expired, source)
+            state.waiting[seq] = items
+            if state.timer is None:
+                state.timer = self.loop.call_later(self.timeout_s, self._gap_expired, source)
         else:
             self.stale += 1
 
-    def _drain(self, state: list) -> None:
-        waiting = state[2]
-        while state[1] in waiting:
-            self._apply(waiting.pop(state[1]))
-            state[1] += 1
-        if not waiting and state[3] is not None:
-            state[3].cancel()
-            state[3] = None
+    def _drain(self, state: _Source) -> None:
+        waiting = state.waiting
+        while state.expected in waiting:
+            self._apply(waiting.pop(state.expected))
+            state.expected += 1
+        if not waiting and state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
 
     def _gap_expired(self, source: str) -> None:
         state = self._sources.get(source)
         if state is None:
             return
-        state[3] = None
-        if not state[2]:
+        state.timer = None
+        if not state.waiting:
             return
-        first = min(state[2])
-        self.skipped += first - state[1]
-        logger.warning("deliveries from %s: gap of %d bundle(s) skipped", source, first - state[1])
-        state[1] = first
+        first = min(state.waiting)
+        self.skipped += first - state.expected
+        logger.warning("deliveries from %s: gap of %d bundle(s) skipped", source, first - state.expected)
+        state.expected = first
         self._drain(state)
-        if state[2] and state[3] is None:
-            state[3] = self.loop.call_later(self.timeout_s, self._gap_expired, source)
+        if state.waiting and state.timer is None:
+            state.timer = self.loop.call_later(self.timeout_s, self._gap_expired, source)
 
     def _apply(self, items: list) -> None:
         try:
@@ -518,6 +530,6 @@ class DeliverySequencer:
     def forget(self, source: str) -> None:
         self._retired.pop(source, None)
         state = self._sources.pop(source, None)
-        if state is not None and state[3] is not None:
-            state[3].cancel()
+        if state is not None and state.timer is not None:
+            state.timer.cancel()
 
