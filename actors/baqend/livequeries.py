@@ -176,7 +176,7 @@ class QueryTable:
         live.buffer = []
         for source, stamp in horizon.items():
             seen = self.received.get(source)
-            if seen is None or seen[0] != stamp[0] or seen[1] < stamp[1]:
+            if seen is None or not _covered(seen, *stamp):
                 live.skip[source] = stamp
         live.query = query
         if not live.spec.initial:
@@ -249,7 +249,10 @@ class QueryTable:
 
 def _covered(stamp: Stamp | None, epoch: str, seq: int) -> bool:
     """Whether a scan with ``stamp`` already includes the write ``(epoch, seq)`` of its source."""
-    return stamp is not None and stamp[0] == epoch and seq <= stamp[1]
+    if stamp is None:
+        return False
+    stamp_epoch, stamp_seq = stamp
+    return stamp_epoch == epoch and seq <= stamp_seq
 
 
 __all__ = ["Event", "LiveQuery", "QuerySpec", "QueryTable"]

@@ -144,8 +144,8 @@ class NolagTopics(Component):
         project, rooms, prefix = spec
         lobby = Lobby(lobby_id, None if rooms is None else frozenset(rooms), prefix)
         if listen:
-            entry = self.lobby_listeners.setdefault((project, lobby_id), (lobby, set()))
-            entry[1].add((gateway_id, connection_id))
+            _, listeners = self.lobby_listeners.setdefault((project, lobby_id), (lobby, set()))
+            listeners.add((gateway_id, connection_id))
         snapshot: dict[str, dict[str, Any]] = {}
         for room in self.presence.rooms():
             _, room_project, plain = room.split("/", 2)
@@ -175,8 +175,9 @@ class NolagTopics(Component):
 
     def purge_connection(self, location: Location) -> None:
         self.subscriptions.purge_connection(location)
+        gateway_id, connection_id = location
         for room in [room for room, members in self.room_members.items() if location in members]:
-            self.room(location[0], room, location[1], False)
+            self.room(gateway_id, room, connection_id, False)
         for room, event in self.presence.purge_connection(location):
             self._presence_out(room, [event])
         for key, (lobby, located) in list(self.lobby_listeners.items()):
