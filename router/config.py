@@ -12,11 +12,12 @@ and the loader. Each dialect's section lives with the dialect (``gateways/<diale
 
 from __future__ import annotations
 
+import difflib
 import os
 import threading
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Mapping, TypeVar, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
@@ -31,6 +32,9 @@ KIB = 1024
 MIB = 1024 * 1024
 SHARDS_DEFAULT = 2  # actors per shard kind
 MAX_SHARDS = 1024
+ENV_PREFIX = "ROUTER_"
+ENV_DELIMITER = "__"
+_ENV_NOT_SETTINGS = frozenset({"ROUTER_CONFIG"})  # the config file's path, read by `load` itself
 
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
 PUBLIC_KEY_ALGORITHMS = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"})
@@ -159,8 +163,8 @@ class CoreSettings(BaseSettings):
     (``router/settings.py``). Frozen: actors receive a copy."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ROUTER_",
-        env_nested_delimiter="__",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
         extra="forbid",
         frozen=True,
     )
@@ -222,11 +226,80 @@ _CONFIG_FILE = _ConfigFileSlot()
 _CONFIG_LOCK = threading.Lock()
 
 
-def _describe(error: ValidationError) -> str:
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds (``X`` or ``X | None``), or None for a plain value."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _names(model: type[BaseModel]) -> dict[str, Any]:
+    """Field name (and alias) -> its annotation, as settings sources spell them."""
+    names: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        names[name] = info.annotation
+        if info.alias:
+            names[info.alias] = info.annotation
+    return names
+
+
+def setting_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every setting's path (``("signal", "auth", "enabled")``), sections included."""
+    paths = []
+    for name, annotation in _names(model).items():
+        path = (*prefix, name)
+        paths.append(path)
+        section = _section(annotation)
+        if section is not None:
+            paths.extend(setting_paths(section, path))
+    return paths
+
+
+def _known(model: type[BaseModel], path: list[str]) -> bool:
+    for index, part in enumerate(path):
+        annotation = _names(model).get(part)
+        if annotation is None:
+            return False
+        section = _section(annotation)
+        if section is None:
+            # a plain value ends the path; a mapping may be filled key by key
+            return index == len(path) - 1 or get_origin(annotation) is dict
+        model = section
+    return True
+
+
+def _closest(wrong: str, candidates: list[str], prefix: str = "") -> str:
+    match = difflib.get_close_matches(wrong.lower(), [c.lower() for c in candidates], n=1, cutoff=0.8)
+    if not match:
+        return ""
+    spelled = candidates[[c.lower() for c in candidates].index(match[0])]
+    return f"; did you mean {prefix}{spelled}?"
+
+
+def unknown_environment(model: type[BaseModel], environ: Mapping[str, str]) -> list[str]:
+    """``ROUTER_*`` variables that name no setting (a typo would silently leave a default, such as
+    auth off), each with the closest valid name."""
+    valid = [ENV_DELIMITER.join(path).upper() for path in setting_paths(model)]
+    problems = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in _ENV_NOT_SETTINGS:
+            continue
+        rest = upper[len(ENV_PREFIX):]
+        if not _known(model, rest.lower().split(ENV_DELIMITER)):
+            problems.append(f"  environment {name}: no such setting{_closest(rest, valid, ENV_PREFIX)}")
+    return problems
+
+
+def _describe(error: ValidationError, model: type[BaseModel]) -> str:
     lines = []
+    dotted = [".".join(path) for path in setting_paths(model)]
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "(settings)"
         message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = f"no such setting{_closest(field, dotted)}"
         lines.append(f"  {field}: {message}")
     return "invalid configuration:\n" + "\n".join(lines)
 
@@ -244,13 +317,16 @@ def load(model: type[Settings], config_file: str | Path | None = None, **overrid
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"invalid configuration:\n  config file: {path} does not exist")
+    unknown = unknown_environment(model, os.environ)
+    if unknown:
+        raise ConfigError("invalid configuration:\n" + "\n".join(unknown))
     overrides = {key: value for key, value in overrides.items() if value is not None}
     with _CONFIG_LOCK:
         _CONFIG_FILE.set(path)
         try:
             return model(**overrides)
         except ValidationError as error:
-            raise ConfigError(_describe(error)) from None
+            raise ConfigError(_describe(error, model)) from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"invalid configuration:\n  config file {path}: {error}") from None
         except SettingsError as error:
