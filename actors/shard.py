@@ -10,6 +10,8 @@ component cannot be left out of a purge, a commit or a restore:
 - ``purge_gateway(gateway_id)``: a gateway died; forget every connection it held;
 - ``before_batch()`` / ``after_batch()``: timers, and committing what the batch stored before its
   results leave the shard (an acknowledged write is durable);
+- ``abort_batch()``: its ``after_batch`` failed: drop what the batch left pending, so the next
+  batch starts clean; the base answers that component's commands of the batch with an error;
 - ``stats()``: counters for ``router status``;
 - ``restore()``: the shard (re)started; rebuild what a previous incarnation held.
 
@@ -72,6 +74,9 @@ class Component:
     def after_batch(self) -> None:
         """A batch ran: commit what it stored, before its results leave the shard."""
 
+    def abort_batch(self) -> None:
+        """``after_batch`` raised: forget what this batch left pending (it was not stored)."""
+
     def stats(self) -> dict[str, Any]:
         return {}
 
@@ -115,11 +120,13 @@ class Shard:
         for component in components:  # in order: one may use those before it (``component()``)
             self.components.append(component(self))
         self._ops: dict[str, Handler] = {Op.PURGE: self._purge_connection, Op.STATS: self._stats_op}
+        self._owners: dict[str, Component] = {}  # op -> the component that answers it
         for component in self.components:
             for op, handler in component.operations().items():
                 if op in self._ops:
                     raise ValueError(f"{self.name}: operation {op!r} is declared twice")
                 self._ops[op] = handler
+                self._owners[op] = component
         tune_gc()
         for component in self.components:
             component.restore()
@@ -170,8 +177,25 @@ class Shard:
                 logger.exception("%s: command %r failed", self.name, command[0])
                 results.append(CommandError("internal_error", f"{type(error).__name__}: {error}"))
         for component in components:
-            component.after_batch()
+            try:
+                component.after_batch()
+            except Exception:
+                self._abort(component, commands, results)
         return results, self._flush(gateway_id)
+
+    def _abort(self, component: Component, commands: list[tuple], results: list[Any]) -> None:
+        """``component`` could not commit: its commands of this batch fail (their writes were
+        not stored), the others keep their results, and the component starts the next batch clean."""
+        logger.exception("%s: %s could not commit a batch", self.name, type(component).__name__)
+        try:
+            component.abort_batch()
+        except Exception:
+            logger.exception("%s: %s could not drop the failed batch", self.name, type(component).__name__)
+        owners = self._owners
+        failed = CommandError("internal_error", "the write could not be stored")
+        for index, command in enumerate(commands):
+            if owners.get(command[0]) is component and not isinstance(results[index], CommandError):
+                results[index] = failed
 
     def purge_gateway(self, gateway_id: str) -> int:
         """The gateway is gone: every component forgets its connections; its channel goes too."""

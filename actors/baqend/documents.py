@@ -32,6 +32,54 @@ FORBIDDEN = "forbidden"
 
 METADATA = ("id", "version", "acl", "createdAt", "updatedAt")
 _READ_ONLY = frozenset({"id", "version", "createdAt", "updatedAt"})
+# What a write answers a caller who may write the document but not read it.
+_BLIND_FIELDS = ("id", "version", "createdAt", "updatedAt")
+
+# What the store holds: a document nested deeper, an integer outside what JSON encoders and the
+# SDK's peers write, a longer field path or a bigger document is refused with 400 naming the rule.
+MAX_DEPTH = 32  # objects and arrays, the document itself being level 1
+MAX_PATH_PARTS = 32  # in a partial update's dotted path
+INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
+MAX_DOCUMENT_BYTES = 256 * 1024  # the default of baqend.max_document_bytes
+
+
+def check_value(value: Any, what: str = "the object") -> None:
+    """Raise ``bad_request`` naming the rule when the store could not hold ``value``: nesting
+    beyond :data:`MAX_DEPTH`, an integer beyond 64 bits. Iterative: no recursion to exhaust."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            if isinstance(node, int) and not isinstance(node, bool) and not INT_MIN <= node <= INT_MAX:
+                raise CommandError(BAD_REQUEST, f"{what}: integers must fit in 64 bits")
+            continue
+        if depth > MAX_DEPTH:
+            raise CommandError(BAD_REQUEST, f"{what} is nested deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def encode_document(document: Document, max_bytes: int) -> bytes:
+    """The stored body of ``document``, or ``bad_request`` naming the rule it breaks."""
+    check_value(document, "the object")
+    try:
+        body = orjson.dumps(document)
+    except orjson.JSONEncodeError as error:  # e.g. a value JSON cannot hold
+        raise CommandError(BAD_REQUEST, f"the object cannot be stored: {error}") from None
+    if len(body) > max_bytes:
+        raise CommandError(BAD_REQUEST, f"the object would be {len(body)} bytes; the limit is {max_bytes}")
+    return body
+
+
+def visible(document: Document, principals: Principals) -> Document:
+    """What a write answers: the document, or only its id and version for a caller who may write
+    it but not read it (the acl's read rules hold for answers too)."""
+    if readable(document, principals):
+        return document
+    return {name: document[name] for name in _BLIND_FIELDS if name in document}
 
 
 def iso_now(now_ms: int) -> str:
@@ -104,6 +152,8 @@ def check_acl(value: Any) -> Any:
 def _parent(document: Document, path: str, create: bool) -> tuple[Any, str]:
     """The container holding the last part of a dotted path, and that part."""
     parts = path.split(".")
+    if len(parts) > MAX_PATH_PARTS:
+        raise CommandError(BAD_REQUEST, f"a field path has at most {MAX_PATH_PARTS} parts")
     if any(not part for part in parts):
         raise CommandError(BAD_REQUEST, f"invalid field path {path!r}")
     if parts[0] in _READ_ONLY:
@@ -279,7 +329,7 @@ class DocumentStore(ABC):
     def scan(self, bucket: str) -> Iterator[Document]: ...
 
     @abstractmethod
-    def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
+    def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
         """Write ``(id, bucket, document or None to delete)`` rows atomically."""
 
     def close(self) -> None:
@@ -299,12 +349,12 @@ class MemoryDocumentStore(DocumentStore):
             if row_bucket == bucket:
                 yield orjson.loads(body)
 
-    def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
-        for oid, bucket, document in rows:
-            if document is None:
+    def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
+        for oid, bucket, body in rows:
+            if body is None:
                 self.rows.pop(oid, None)
             else:
-                self.rows[oid] = (bucket, orjson.dumps(document))
+                self.rows[oid] = (bucket, body)
 
 
 class SqliteDocumentStore(DocumentStore):
@@ -325,15 +375,15 @@ class SqliteDocumentStore(DocumentStore):
         for (body,) in self._db.execute("SELECT body FROM documents WHERE bucket = ?", (bucket,)).fetchall():
             yield orjson.loads(body)
 
-    def save(self, rows: list[tuple[str, str, Document | None]]) -> None:
+    def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
         with write_transaction(self._db) as db:
-            for oid, bucket, document in rows:
-                if document is None:
+            for oid, bucket, body in rows:
+                if body is None:
                     db.execute("DELETE FROM documents WHERE id = ?", (oid,))
                 else:
                     db.execute("INSERT INTO documents (id, bucket, body) VALUES (?, ?, ?) ON CONFLICT(id) "
                                "DO UPDATE SET bucket = excluded.bucket, body = excluded.body",
-                               (oid, bucket, orjson.dumps(document)))
+                               (oid, bucket, body))
 
     def close(self) -> None:
         self._db.close()
@@ -351,10 +401,14 @@ class DocumentTable:
     Every write returns its (before, after) images; the caller forwards them to the queries.
     """
 
-    def __init__(self, store: DocumentStore, owns: Callable[[str], bool] = lambda oid: True) -> None:
+    def __init__(self, store: DocumentStore, owns: Callable[[str], bool] = lambda oid: True,
+                 max_document_bytes: int = MAX_DOCUMENT_BYTES) -> None:
         self.store = store
         self.owns = owns
-        self._pending: dict[str, tuple[str, Document | None]] = {}
+        self.max_document_bytes = max_document_bytes
+        # id -> (bucket, document or None when deleted, its stored body): checked and encoded
+        # when written, so a commit never meets a document the store cannot hold
+        self._pending: dict[str, tuple[str, Document | None, bytes | None]] = {}
         self.writes = 0
 
     @property
@@ -373,7 +427,7 @@ class DocumentTable:
             oid = document["id"]
             if oid not in self._pending and self.owns(oid) and keep(document):
                 found[oid] = document
-        for oid, (row_bucket, document) in self._pending.items():
+        for oid, (row_bucket, document, _) in self._pending.items():
             if row_bucket == bucket and document is not None and keep(document):
                 found[oid] = document
         return list(found.values())
@@ -381,12 +435,19 @@ class DocumentTable:
     def commit(self) -> None:
         if not self._pending:
             return
-        rows = [(oid, bucket, document) for oid, (bucket, document) in self._pending.items()]
-        self.store.save(rows)
+        rows = [(oid, bucket, body) for oid, (bucket, _, body) in self._pending.items()]
+        try:
+            self.store.save(rows)
+        finally:
+            self._pending.clear()  # stored, or (the transaction rolled back) dropped: never stuck
+
+    def rollback(self) -> None:
+        """Forget the writes not yet committed (their commit failed)."""
         self._pending.clear()
 
     def _put(self, oid: str, bucket: str, document: Document | None) -> None:
-        self._pending[oid] = (bucket, document)
+        body = None if document is None else encode_document(document, self.max_document_bytes)
+        self._pending[oid] = (bucket, document, body)
         self.writes += 1
 
     # -- writes ---------------------------------------------------------------------------------
@@ -435,6 +496,9 @@ class DocumentTable:
         if current is None:
             if create:
                 return None
+            raise CommandError(NOT_FOUND, f"the object {oid} does not exist")
+        if not readable(current, principals) and not writable(current, principals):
+            # hidden answers as missing: its existence is not revealed to who may neither read nor write it
             raise CommandError(NOT_FOUND, f"the object {oid} does not exist")
         if if_match not in (None, "*") and str(current["version"]) != if_match:
             raise CommandError(PRECONDITION_FAILED, f"the object {oid} is at version {current['version']}, "

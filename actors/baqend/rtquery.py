@@ -95,6 +95,7 @@ class RealtimeQuery:
         # ``visible`` hides documents the subscriber may not read (their acl): a hidden document
         # is treated as not matching, so one that becomes hidden leaves the result.
         matches = _compile(query)
+        self._visible = visible
         self._predicate = matches if visible is None else (lambda document: matches(document) and visible(document))
         spec = _sort_spec(sort)
         self.offset = _offset(offset)
@@ -258,10 +259,15 @@ class RealtimeQuery:
     def _departed(self, old: Document, before: Document | None, after: Document | None,
                   operation: str) -> Document:
         """The data of the written object's remove: its new image, or for a delete its last one
-        without ``version``, which is how the SDK recognises a deleted object."""
+        without ``version``, which is how the SDK recognises a deleted object. An image the
+        subscriber may not read (the write tightened the acl) is never sent: it gets the last
+        image it was allowed to see instead."""
+        allowed = self._visible
         if operation != "delete":
-            return after if after is not None else old
-        last = before if before is not None else old
+            if after is not None and (allowed is None or allowed(after)):
+                return after
+            return old
+        last = before if before is not None and (allowed is None or allowed(before)) else old
         return {name: value for name, value in last.items() if name != "version"}
 
     def _filter(self, event: Event) -> Event | None:

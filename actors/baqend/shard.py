@@ -8,7 +8,8 @@ from typing import Any
 import ray
 
 from actors.baqend.contract import QUERY, Op, Scan, Write, writes
-from actors.baqend.documents import NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable, reader
+from actors.baqend.documents import (NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable,
+                                     reader, visible)
 from actors.baqend.livequeries import QueryTable
 from actors.baqend.mongoquery import QueryError, compile_query
 from actors.shard import Component, Handler
@@ -33,7 +34,8 @@ class BaqendDocuments(Component):
         super().__init__(shard)
         index, count = shard.index, self.settings.shards.document
         self.table = DocumentTable(SqliteDocumentStore(self.settings.data_dir / "documents.sqlite3"),
-                                   owns=lambda oid: shard_index(oid, count) == index)
+                                   owns=lambda oid: shard_index(oid, count) == index,
+                                   max_document_bytes=self.settings.baqend.max_document_bytes)
         self._seq = 0
         self._forward: list[Write] = []
         self._forward_timeout_s = self.settings.baqend.request_timeout_s / 2
@@ -53,22 +55,22 @@ class BaqendDocuments(Component):
     def insert(self, gateway_id, bucket, key, fields, principals=frozenset(), meta=None):
         before, after = self.table.insert(bucket, key, fields, self._iso(), principals)
         self._written(bucket, before, after, "insert", meta)
-        return after
+        return visible(after, principals)
 
     def replace(self, gateway_id, bucket, key, fields, if_match, principals=frozenset(), meta=None):
         before, after = self.table.replace(bucket, key, fields, if_match, self._iso(), principals)
         self._written(bucket, before, after, "update" if before is not None else "insert", meta)
-        return after, before is None
+        return visible(after, principals), before is None
 
     def update(self, gateway_id, bucket, key, operations, if_match, principals=frozenset(), meta=None):
         before, after = self.table.update(bucket, key, operations, if_match, self._iso(), principals)
         self._written(bucket, before, after, "update", meta)
-        return after
+        return visible(after, principals)
 
     def delete(self, gateway_id, bucket, key, if_match, principals=frozenset(), meta=None):
         before, after = self.table.delete(bucket, key, if_match, principals)
         self._written(bucket, before, after, "delete", meta)
-        return before
+        return visible(before, principals)
 
     def get(self, gateway_id, bucket, key, principals=frozenset()):
         oid = object_id(bucket, key)
@@ -100,6 +102,10 @@ class BaqendDocuments(Component):
             if pending:
                 logger.warning("%s: %d query shard(s) did not apply writes within %gs", self.shard.name,
                                len(pending), self._forward_timeout_s)
+
+    def abort_batch(self) -> None:
+        self.table.rollback()
+        self._forward = []  # no query shard hears of writes that were not stored
 
     def _queries(self) -> list[Any]:
         if self._query_shards is None:

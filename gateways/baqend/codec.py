@@ -16,8 +16,10 @@ from urllib.parse import unquote
 
 import orjson
 
+from actors.baqend.documents import check_value
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
+from router.errors import CommandError
 
 MAX_ID_LENGTH = 256
 BUCKET = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,127}")
@@ -128,9 +130,10 @@ def too_many(limit: int, sub_id: str) -> ProtocolError:
 
 REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
            405: "Method Not Allowed", 412: "Precondition Failed", 413: "Payload Too Large", 415: "Unsupported Media Type",
-           503: "Service Unavailable"}
+           500: "Internal Server Error", 503: "Service Unavailable"}
 CLASS_NAMES = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "ObjectNotFound",
-               409: "ObjectExists", 412: "ObjectOutOfDate", 413: "PayloadTooLarge", 503: "Unavailable"}
+               409: "ObjectExists", 412: "ObjectOutOfDate", 413: "PayloadTooLarge", 500: "InternalError",
+               503: "Unavailable"}
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -184,6 +187,10 @@ def decode_object(body: bytes, max_bytes: int) -> dict[str, Any]:
         raise RestError(400, f"the body is not JSON: {error.msg}") from None
     if not isinstance(value, dict):
         raise RestError(400, "the body must be a JSON object")
+    try:
+        check_value(value, "the body")  # before it is pickled to a shard: what the store cannot hold stops here
+    except CommandError as error:
+        raise RestError(400, error.message) from None
     return value
 
 

@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 DIALECT = "baqend"
 UNAUTHORIZED = "Unauthorized"
-_STATUS = {NOT_FOUND: 404, PRECONDITION_FAILED: 412, EXISTS: 409, BAD_REQUEST: 400, FORBIDDEN: 403}
+_STATUS = {NOT_FOUND: 404, PRECONDITION_FAILED: 412, EXISTS: 409, BAD_REQUEST: 400, FORBIDDEN: 403,
+           "internal_error": 500}
 _keys = itertools.count(1)
 
 

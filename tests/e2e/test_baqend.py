@@ -593,3 +593,95 @@ def test_the_baqend_sdk_writes_over_rest_and_follows_event_and_result_streams(ba
                       ("change", "update", keys[3], False), ("remove", "delete", keys[0], False)]
     assert steps["stale"] == [{"step": "stale", "refused": True, "status": 412}]
     assert steps["done"]
+
+
+# -- hostile input: what the store cannot hold, what a caller may not read -------------------------------------
+
+
+def test_values_the_store_cannot_hold_get_400_naming_the_rule_and_every_shard_keeps_working(baqend):
+    """Before: a 300-deep body, a $mul past 64 bits or a 300-part $set path was accepted, failed at
+    commit and left its document shard failing every later batch."""
+    (events_url, _), (_, rest_url) = urls(baqend)
+
+    async def scenario():
+        bucket = fresh_bucket()
+        async with Rest(rest_url) as rest:
+            deep = b'{"x": ' + b"[" * 300 + b"]" * 300 + b"}"
+            assert await rest.call("POST", f"/db/{bucket}", raw=deep) == (400, {
+                "message": "the body is nested deeper than 32 levels", "reason": "Bad Request",
+                "className": "baqend.error.BadRequest", "status": 400})
+            await rest.insert(bucket, "big", n=2 ** 62)
+            status, body = await rest.call("POST", f"/db/{bucket}/big", {"$mul": {"n": 2 ** 40}})
+            assert (status, body["message"]) == (400, "the object: integers must fit in 64 bits")
+            status, body = await rest.call("POST", f"/db/{bucket}/big", {"$set": {".".join(["a"] * 300): 1}})
+            assert (status, body["message"]) == (400, "a field path has at most 32 parts")
+            status, body = await rest.call("POST", f"/db/{bucket}/big", {"$set": {".".join(["a"] * 31): {"b": {"c": 1}}}})
+            assert (status, body["message"]) == (400, "the object is nested deeper than 32 levels")
+            status, body = await rest.call("GET", f"/db/{bucket}/big")
+            assert (status, body["n"], body["version"], "a" in body) == (200, 2 ** 62, 1, False)
+            # every document shard still stores and answers (the keys spread over both)
+            for index in range(8):
+                await rest.insert(bucket, f"k{index}", n=index)
+            for index in range(8):
+                status, body = await rest.call("GET", f"/db/{bucket}/k{index}")
+                assert (status, body["n"]) == (200, index)
+            events = await Events.open(events_url)
+            await events.subscribe("s", bucket, query={"n": {"$lt": 8}}, sort={"n": 1}, initial=True)
+            assert [key_of(d) for d in await events.result("s")] == [f"k{index}" for index in range(8)]
+            await events.close()
+
+    run(scenario())
+
+
+def test_a_write_answers_only_what_the_caller_may_read_and_hidden_answers_as_missing(baqend):
+    """Before: an anonymous partial update of an owner-only document answered the whole document,
+    and a hidden document answered 403 where a missing one answers 404."""
+    _, (_, rest_url) = urls(baqend)
+
+    async def scenario():
+        bucket = fresh_bucket()
+        owner = {"Authorization": "BAT " + token("u1")}
+        async with Rest(rest_url) as rest:
+            # readable by its owner only, writable by anyone (a drop box)
+            drop_box = {"read": {"/db/User/u1": "allow"}, "write": {}}
+            await rest.insert(bucket, "box", secret="s3cret", acl=drop_box)
+            status, body = await rest.call("POST", f"/db/{bucket}/box", {"$unset": {"x": 1}})
+            assert status == 200 and set(body) == {"id", "version", "createdAt", "updatedAt"}
+            assert (body["id"], body["version"]) == (f"/db/{bucket}/box", 2)
+            status, body = await rest.call("PUT", f"/db/{bucket}/box", {"other": 1, "acl": drop_box})
+            assert status == 200 and set(body) == {"id", "version", "createdAt", "updatedAt"}
+            status, body = await rest.call("POST", f"/db/{bucket}/box", {"$set": {"y": 1}}, owner)
+            assert status == 200 and body["other"] == 1 and body["y"] == 1
+            # readable and writable by its owner only: to anyone else exactly as a missing one
+            private = {"read": {"/db/User/u1": "allow"}, "write": {"/db/User/u1": "allow"}}
+            await rest.insert(bucket, "mine", secret="s3cret", acl=private)
+            for method, body, headers in (("GET", None, None), ("POST", {"$unset": {"x": 1}}, None),
+                                          ("PUT", {"a": 1}, {"If-Match": "*"}), ("DELETE", None, None)):
+                hidden = await rest.call(method, f"/db/{bucket}/mine", body, headers)
+                missing = await rest.call(method, f"/db/{bucket}/nothing", body, headers)
+                assert hidden[0] == missing[0] == 404, (method, hidden, missing)
+                assert hidden[1]["message"].replace("mine", "nothing") == missing[1]["message"]
+            status, body = await rest.call("POST", f"/db/{bucket}/mine", {"$set": {"z": 1}}, owner)
+            assert (status, body["secret"], body["z"]) == (200, "s3cret", 1)
+
+    run(scenario())
+
+
+def test_a_subscriber_that_loses_read_access_gets_the_last_image_it_could_see(baqend):
+    """Before: the remove carried the new image (new content and the acl that hides it)."""
+    (events_url, rest_url), _ = urls(baqend)
+
+    async def scenario():
+        bucket = fresh_bucket()
+        async with Rest(rest_url) as rest:
+            await rest.insert(bucket, "doc", name="old", n=1)
+            viewer = await Events.open(events_url)
+            await viewer.subscribe("v", bucket, sort={"n": 1}, initial=True, token=token("u2"))
+            [seen] = await viewer.result("v")
+            await rest.set(bucket, "doc", name="confidential", acl={"read": {"/db/User/u1": "allow"}, "write": {}})
+            frame = await viewer.recv()
+            assert (frame["type"], frame["matchType"], frame["operation"]) == ("match", "remove", "update")
+            assert frame["data"] == seen and "confidential" not in json.dumps(frame)
+            await viewer.close()
+
+    run(scenario())

@@ -102,3 +102,53 @@ def test_block_items_encode_each_frame_tail_once():
 ])
 def test_acknowledge_choice_from_the_url(query, default, expected):
     assert wants_acknowledge(query, default) is expected
+
+
+def test_a_component_that_cannot_commit_fails_only_its_commands_and_starts_the_next_batch_clean():
+    """Before: an exception in after_batch failed the whole call, and a component whose pending
+    state stayed behind failed every later batch (a poisoned shard)."""
+    from actors.shard import Component, Shard
+    from router.errors import CommandError
+
+    class Store(Component):
+        name = "store"
+
+        def __init__(self, shard):
+            super().__init__(shard)
+            self.pending, self.stored, self.aborted = [], [], 0
+
+        def operations(self):
+            return {"store.put": self.put}
+
+        def put(self, gateway_id, value):
+            self.pending.append(value)
+            return value
+
+        def after_batch(self):
+            if any(value == "poison" for value in self.pending):
+                raise ValueError("cannot encode")
+            self.stored.extend(self.pending)
+            self.pending.clear()
+
+        def abort_batch(self):
+            self.aborted += 1
+            self.pending.clear()
+
+    class Echo(Component):
+        name = "echo"
+
+        def operations(self):
+            return {"echo.say": lambda gateway_id, value: value}
+
+    settings = load_settings(metrics={"enabled": False})
+    shard = Shard("topic", 0, settings, [Store, Echo])
+    store = shard.component(Store)
+    results, _ = shard.handle("gw", [("store.put", "a"), ("echo.say", "hi"), ("store.put", "poison"),
+                                     ("store.put", "bad", "arity")])
+    assert [type(r).__name__ if isinstance(r, CommandError) else r for r in results] == [
+        "CommandError", "hi", "CommandError", "CommandError"]
+    assert (results[0].code, results[0].message) == ("internal_error", "the write could not be stored")
+    assert results[3].message.startswith("TypeError")  # its own error is kept
+    assert store.aborted == 1 and store.stored == []
+    results, _ = shard.handle("gw", [("store.put", "b"), ("echo.say", "again")])
+    assert results == ["b", "again"] and store.stored == ["b"] and store.aborted == 1
