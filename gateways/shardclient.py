@@ -14,18 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 from collections import deque
 from functools import partial
 from typing import Any, Callable
 
 from router import lane as lanes
-from router.errors import ShardUnavailable
+from router.errors import CommandError, ShardUnavailable
 from router.lane import LaneClient
 from router.shardmap import shard_index
 
 logger = logging.getLogger(__name__)
 
 Callback = Callable[[Any], None]
+
+
+def _serializable(command: tuple) -> bool:
+    try:
+        pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # RecursionError, PicklingError, TypeError, …
+        return False
+    return True
+
 _CLOCK_SLACK_S = 0.001  # a timer may fire this much before its deadline by the loop's clock
 
 
@@ -214,6 +224,8 @@ class ShardClient:
                 else:
                     ref = link.handle.handle.remote(self.gateway_id, commands)
             except Exception as error:  # unpicklable, or the lane/handle itself is unusable
+                if self._isolate_unsendable(link, batch, commands):
+                    continue  # the others go in the next round of this loop
                 batch.results = ShardUnavailable(f"{link.name}: {error}")
                 batch.done = True
                 self._drain(link)
@@ -225,6 +237,25 @@ class ShardClient:
                         self._completed, link, batch, future
                     )
                 )
+
+    def _isolate_unsendable(self, link: ShardLink, batch: _Batch, commands: list[tuple]) -> bool:
+        """A batch could not be sent: when some of its commands cannot be serialized (a value
+        nested too deep, an unpicklable object), answer just those with an error and put the
+        others back at the head of the outbox. False when every command is fine (the transport
+        itself failed)."""
+        bad = {index for index, command in enumerate(commands) if not _serializable(command)}
+        if not bad:
+            return False
+        link.inflight.remove(batch)
+        error = CommandError("bad_request", "the request cannot be sent to a shard (nested too deep?)")
+        keep = [index for index in range(len(commands)) if index not in bad]
+        link.commands[0:0] = [commands[index] for index in keep]
+        link.callbacks[0:0] = [batch.callbacks[index] for index in keep]
+        link.timeouts[0:0] = [batch.timeouts[index] for index in keep]
+        self.commands_sent -= len(commands)
+        self.batches_sent -= 1
+        self._answer([batch.callbacks[index] for index in sorted(bad)], error)
+        return True
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -300,7 +331,7 @@ class ShardClient:
         if link.commands or (link.next_lane is not None and not inflight):
             self._flush(link)
 
-    def _answer(self, callbacks: list[Callback | None], error: ShardUnavailable) -> None:
+    def _answer(self, callbacks: list[Callback | None], error: Exception) -> None:
         self.pending -= len(callbacks)
         for callback in callbacks:
             if callback is not None:

@@ -10,6 +10,7 @@ load-balanced turns.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from actors.nolag.contract import (ActorState, LobbyChange, LobbySpec, LoggedMessage, Op, PresenceChange,
@@ -20,8 +21,13 @@ from actors.nolag.state import Lobby, Presence, Subscriptions
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT, Location, group_by_gateway
 
+logger = logging.getLogger(__name__)
+
 PRUNE_EVERY_MS = 60_000
 MAX_SEEN = 1000  # QoS 2 ids kept per actor
+# Logged messages kept in memory while the message log cannot store them (retried every batch);
+# beyond this the oldest are dropped, and said so.
+MAX_LOG_BACKLOG = 100_000
 
 
 class NolagTopics(Component):
@@ -193,8 +199,20 @@ class NolagTopics(Component):
 
     def after_batch(self) -> None:
         if self._log_pending:
-            pending, self._log_pending = self._log_pending, []
-            self.message_log.append_many(pending)  # before the results leave: a published message is kept
+            try:
+                self.message_log.append_many(self._log_pending)  # before the results leave: a published message is kept
+            except Exception:
+                # Delivered live already; kept here and stored with a later batch, so a failed
+                # write (disk full, a locked file) loses nothing from the replay log.
+                backlog = self._log_pending
+                if len(backlog) > MAX_LOG_BACKLOG:
+                    logger.error("%s: message log failing; %d logged message(s) dropped from the backlog",
+                                 self.shard.name, len(backlog) - MAX_LOG_BACKLOG)
+                    del backlog[:-MAX_LOG_BACKLOG]
+                logger.exception("%s: message log write failed; %d message(s) kept for the next batch",
+                                 self.shard.name, len(backlog))
+            else:
+                self._log_pending = []
         now = self.now
         if self._log is not None and now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_MS

@@ -38,6 +38,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import msgpack
 
+from router.nesting import MAX_NESTING, too_deep
+
 ERROR_CODES: dict[str, int] = {
     "rate_limit_exceeded": 42910,
     "monthly_quota_exceeded": 42920,
@@ -172,6 +174,9 @@ Request = (Auth | Subscribe | Unsubscribe | Publish | SetFilters | Presence | Ge
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     fields = _read_map(data)
     kind = fields.get("type")
+    # A publish's data travels packed (bytes); everything else travels to shards as decoded values.
+    if kind != "publish" and too_deep(fields):
+        raise nolag_error("invalid_message", f"a message may nest at most {MAX_NESTING} levels")
     if kind is None:
         raise nolag_error("invalid_message", "missing 'type'")
     if not isinstance(kind, str):

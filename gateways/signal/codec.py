@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from router.nesting import MAX_NESTING, too_deep
+
 ADDRESS_RE = re.compile(r"[a-z0-9-]+/[a-z0-9-]+")
 
 # Error codes of the spec's table (section 4).
@@ -125,6 +127,9 @@ def decode(data: bytes) -> Request:
     elif not isinstance(payload, dict):
         raise SignalError(INTERNAL_ERROR, "'payload' must be a JSON object",
                           {"reason": "invalid_message", "field": "payload"}, reply_id, sender)
+    if too_deep(payload, MAX_NESTING - 1):  # the envelope is level 1
+        raise SignalError(INTERNAL_ERROR, f"A message may nest at most {MAX_NESTING} levels",
+                          {"reason": "too_deep"}, reply_id, sender)
     timestamp = message.get("timestamp")
     ttl = message.get("ttl")
     if timestamp is not None and not _is_number(timestamp):

@@ -128,3 +128,28 @@ def test_malformed_and_unknown_messages_get_errors_and_the_connection_stays(open
         await client.close()
 
     run(scenario())
+
+
+def test_a_message_nested_too_deep_is_refused_alone(open_hub):
+    """Before: the value reached the shard client, pickling it failed, and the whole batch failed
+    with it (every other client's command in that batch too)."""
+    async def scenario():
+        attacker = await HubClient.open(open_hub.ws_urls[0], "browser/deep")
+        honest = await HubClient.open(open_hub.ws_urls[0], "browser/plain")
+        deep = "[" * 600 + "]" * 600
+        raw = ('{"type": "hub:register", "from": "browser/deep", "correlationId": "d", '
+               '"payload": {"actorAddress": "browser/deep", "metadata": {"x": ' + deep + '}}}')
+        await attacker.send_raw(raw)
+        await honest.send("hub:register", {"actorAddress": "browser/plain", "metadata": {"ok": True}},
+                          correlationId="p")
+        assert await attacker.recv() == {
+            "type": "hub:error", "from": HUB, "to": "browser/deep", "correlationId": "d",
+            "payload": {"code": "internal_error", "message": "A message may nest at most 32 levels",
+                        "details": {"reason": "too_deep"}}}
+        reply = await honest.recv()
+        assert (reply["type"], reply["correlationId"], reply["payload"]["actorAddress"]) == (
+            "hub:registered", "p", "browser/plain")
+        await attacker.close()
+        await honest.close()
+
+    run(scenario())

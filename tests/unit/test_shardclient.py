@@ -172,3 +172,39 @@ def test_send_each_answers_once_in_request_order_with_failures_in_their_slots():
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_command_that_cannot_be_serialized_fails_alone_and_the_rest_of_its_batch_goes():
+    """Before: one deeply nested value made the whole batch (other clients' commands too) fail."""
+    import pickle
+
+    from router.errors import CommandError
+
+    class _Pickling(_Handle):
+        def remote(self, gateway_id, commands):
+            pickle.dumps(commands)  # as Ray serializes the arguments of a call
+            return super().remote(gateway_id, commands)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Pickling()
+        client = _client(loop, handle)
+        link = client.link("topic", "k")
+        deep: list = []
+        for _ in range(100_000):
+            deep = [deep]
+        answers: list = []
+        client.send(link, ("a",), lambda result: answers.append(("a", result)))
+        client.send(link, ("bad", deep), lambda result: answers.append(("bad", result)))
+        client.send(link, ("c",), lambda result: answers.append(("c", result)))
+        await _until(lambda: handle.calls)
+        assert handle.calls == [[("a",), ("c",)]]
+        assert [name for name, _ in answers] == ["bad"]
+        assert isinstance(answers[0][1], CommandError) and answers[0][1].code == "bad_request"
+        handle.futures[0].set_result((["A", "C"], None))
+        await _until(lambda: len(answers) == 3)
+        assert answers[1:] == [("a", "A"), ("c", "C")]
+        assert client.pending == 0 and client.batches_sent == 1 and client.commands_sent == 2
+        client.close()
+
+    asyncio.run(scenario())

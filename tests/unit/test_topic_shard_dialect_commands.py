@@ -152,3 +152,40 @@ def test_a_component_that_cannot_commit_fails_only_its_commands_and_starts_the_n
     assert store.aborted == 1 and store.stored == []
     results, _ = shard.handle("gw", [("store.put", "b"), ("echo.say", "again")])
     assert results == ["b", "again"] and store.stored == ["b"] and store.aborted == 1
+
+
+def test_nolag_keeps_logged_messages_when_the_log_cannot_store_them_and_stores_them_later(tmp_path):
+    """Before: the pending records were cleared before the append, so a failed append lost them
+    from the replay log."""
+    from actors.nolag import contract as nolag
+    from actors.nolag.messagelog import MessageLog
+    from actors.nolag.shard import NolagTopics
+
+    class FlakyLog(MessageLog):
+        def __init__(self):
+            self.records, self.fail = [], True
+
+        def append_many(self, records):
+            if self.fail:
+                raise OSError("disk full")
+            self.records.extend(records)
+            return len(records)
+
+        def since(self, topics, after_ts_ms, limit, newest=False):
+            return [r for r in self.records if r.topic in topics and r.ts_ms > after_ts_ms][:limit]
+
+        def prune(self, now_ms):
+            return 0
+
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False})
+    shard = Shard(TOPIC, 0, settings, (PubSub, NolagTopics))
+    log = shard.component(NolagTopics)._log = FlakyLog()
+    key = "nolag/p/app/room/t"
+    results, _ = shard.handle("g", [nolag.publish(key, "app/room/t", b"\x01", 1, None, None, "m1", "actor")])
+    assert results == [0]  # delivered (to nobody here), answered
+    assert log.records == []
+    log.fail = False
+    results, _ = shard.handle("g", [nolag.publish(key, "app/room/t", b"\x02", 1, None, None, "m2", "actor")])
+    assert results == [0]
+    assert [record.msg_id for record in log.records] == ["m1", "m2"]
+    assert [m.msg_id for m in shard.handle("g", [nolag.log(key, 0, 10)])[0][0]] == ["m1", "m2"]

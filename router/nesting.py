@@ -1,0 +1,29 @@
+"""How deep a decoded message may nest: checked at decode, before a value is pickled to a shard.
+
+JSON and MessagePack decoders accept values nested hundreds of levels deep; pickling such a value
+(every command crosses a process) exhausts the recursion limit. No protocol here needs more than a
+few levels, so codecs refuse a message nested deeper than :data:`MAX_NESTING` with their own error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_NESTING = 32  # objects/maps and arrays, the message itself being level 1
+
+
+def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` levels. Iterative."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+    return False

@@ -1,0 +1,58 @@
+"""router/nesting.py and the codecs that use it: a message nested deeper than 32 levels is refused
+at decode with the protocol's own error (before: it was accepted, and pickling it to a shard
+failed the whole batch it travelled in)."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+
+from gateways.cashu import codec as cashu
+from gateways.cashu.config import CASHU_KINDS
+from gateways.nolag import codec as nolag
+from gateways.signal import codec as signal
+from router.nesting import MAX_NESTING, too_deep
+
+
+def nested(levels: int) -> list:
+    """``levels`` arrays, one in the other."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_too_deep_counts_dicts_and_lists_from_the_top():
+    assert MAX_NESTING == 32
+    assert not too_deep(nested(32)) and too_deep(nested(33))
+    assert not too_deep({"a": nested(31)}) and too_deep({"a": nested(32)})
+    assert not too_deep("x" * 10) and not too_deep({}) and not too_deep([1, "a", None])
+    assert too_deep(nested(100_000))  # iterative: no recursion to exhaust
+
+
+def test_signal_refuses_a_message_nested_too_deep():
+    message = {"type": "hub:register", "from": "rt/a", "payload": {"metadata": {"x": nested(29)}}}
+    signal.decode(json.dumps(message).encode())  # 32 levels: accepted
+    message["payload"]["metadata"]["x"] = nested(30)
+    with pytest.raises(signal.SignalError) as raised:
+        signal.decode(json.dumps(message).encode())
+    assert (raised.value.code, raised.value.message, raised.value.details) == (
+        "internal_error", "A message may nest at most 32 levels", {"reason": "too_deep"})
+
+
+def test_cashu_refuses_a_message_nested_too_deep():
+    limits = cashu.Limits(frozenset(CASHU_KINDS))
+    message = {"jsonrpc": "2.0", "id": 1, "method": "subscribe", "params": {"x": nested(32)}}
+    with pytest.raises(cashu.RpcError) as raised:
+        cashu.decode(json.dumps(message).encode(), limits)
+    assert (raised.value.code, raised.value.message) == (
+        cashu.INVALID_REQUEST, "Invalid Request: nested deeper than 32 levels")
+
+
+def test_nolag_refuses_a_message_nested_too_deep():
+    message = {"type": "setPresence", "topic": "app/room/t", "data": {"x": nested(31)}}
+    with pytest.raises(nolag.NolagError) as raised:
+        nolag.decode(msgpack.packb(message))
+    assert (raised.value.error, raised.value.message) == ("invalid_message", "a message may nest at most 32 levels")
