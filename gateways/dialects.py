@@ -9,7 +9,8 @@ gateway serves the ones enabled in the configuration. Adding a dialect is adding
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from actors.baqend.contract import DOCUMENT, QUERY
 from actors.signal.contract import REGISTRY
@@ -26,104 +27,35 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DialectSpec:
-    name: str  # its configuration section (``[nolag]``), and how metrics and the event log name it
+    """One dialect. Its parts are found by convention, and imported only where they are used:
+    ``actors/<name>/shard.py`` ``COMPONENTS`` (what it adds to which shard kind) where shards are
+    built, ``gateways/<name>/session.py`` ``endpoints(gateway, config)`` in gateways, and
+    ``gateways/<name>/cli.py`` ``add_commands(subparsers)`` in the CLI."""
+
+    name: str  # its package under actors/ and gateways/, its configuration section (``[nolag]``), and
+    # how metrics and the event log name it
     config: type  # the section's pydantic model (router/settings.py adds it to the settings)
-    # What it adds to which shard kind, imported only where shards are built.
-    components: Callable[[], dict[str, tuple[type, ...]]]
-    # Its gateway-side dialects (one per endpoint), imported only in gateways.
-    build: Callable[[Any, Any], list["Dialect"]]
     # Shard kinds of its own (beyond the core's session and topic); each gets a `shards.<kind>` count.
     kinds: tuple[str, ...] = ()
-    # Adds its `router <command>`s to the CLI's subparsers, imported only by the CLI.
-    cli: Callable[[Any], None] | None = None
+    cli: bool = False  # it has `router <command>`s
 
+    def components(self) -> dict[str, tuple[type, ...]]:
+        return import_module(f"actors.{self.name}.shard").COMPONENTS
 
-def _signal_components():
-    from actors.signal.shard import SignalRegistry
+    def build(self, gateway: Any, config: Any) -> list["Dialect"]:
+        return import_module(f"gateways.{self.name}.session").endpoints(gateway, config)
 
-    return {REGISTRY: (SignalRegistry,)}
-
-
-def _signal_build(gateway, config):
-    from gateways.signal.session import SignalHubDialect
-
-    return [SignalHubDialect(gateway, config)]
-
-
-def _cashu_cli(subparsers):
-    from gateways.cashu.cli import add_commands
-
-    add_commands(subparsers)
-
-
-def _cashu_components():
-    from actors.cashu.shard import CashuRetained
-
-    return {TOPIC: (CashuRetained,)}
-
-
-def _cashu_build(gateway, config):
-    from gateways.cashu.session import CashuDialect
-
-    return [CashuDialect(gateway, config)]
-
-
-def _mx_cli(subparsers):
-    from gateways.mx.cli import add_commands
-
-    add_commands(subparsers)
-
-
-def _mx_components():
-    from actors.mx.shard import MxFilters
-
-    return {TOPIC: (MxFilters,)}
-
-
-def _mx_build(gateway, config):
-    from gateways.mx.ingest import NodeIngestDialect
-    from gateways.mx.session import MxHubDialect
-
-    hub = MxHubDialect(gateway, config)
-    return [hub, NodeIngestDialect(gateway, config, hub)]
-
-
-def _nolag_cli(subparsers):
-    from gateways.nolag.cli import add_commands
-
-    add_commands(subparsers)
-
-
-def _nolag_components():
-    from actors.nolag.shard import NolagActors, NolagTopics
-
-    return {TOPIC: (NolagTopics,), SESSION: (NolagActors,)}
-
-
-def _nolag_build(gateway, config):
-    from gateways.nolag.session import NolagDialect
-
-    return [NolagDialect(gateway, config)]
-
-
-def _baqend_components():
-    from actors.baqend.shard import BaqendDocuments, BaqendQueries
-
-    return {DOCUMENT: (BaqendDocuments,), QUERY: (BaqendQueries,)}
-
-
-def _baqend_build(gateway, config):
-    from gateways.baqend.session import BaqendDialect
-
-    return [BaqendDialect(gateway, config)]
+    def add_commands(self, subparsers: Any) -> None:
+        if self.cli:
+            import_module(f"gateways.{self.name}.cli").add_commands(subparsers)
 
 
 DIALECTS: tuple[DialectSpec, ...] = (
-    DialectSpec("signal", SignalHubConfig, _signal_components, _signal_build, kinds=(REGISTRY,)),
-    DialectSpec("cashu", CashuConfig, _cashu_components, _cashu_build, cli=_cashu_cli),
-    DialectSpec("mx", MxConfig, _mx_components, _mx_build, cli=_mx_cli),
-    DialectSpec("nolag", NolagConfig, _nolag_components, _nolag_build, cli=_nolag_cli),
-    DialectSpec("baqend", BaqendConfig, _baqend_components, _baqend_build, kinds=(DOCUMENT, QUERY)),
+    DialectSpec("signal", SignalHubConfig, kinds=(REGISTRY,)),
+    DialectSpec("cashu", CashuConfig, cli=True),
+    DialectSpec("mx", MxConfig, cli=True),
+    DialectSpec("nolag", NolagConfig, cli=True),
+    DialectSpec("baqend", BaqendConfig, kinds=(DOCUMENT, QUERY)),
 )
 
 

@@ -162,8 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     analytics.set_defaults(func=cmd_analytics)
 
     for spec in DIALECTS:  # each dialect's own commands (`router keys`, `router cashu`, `router mx`)
-        if spec.cli is not None:
-            spec.cli(sub)
+        spec.add_commands(sub)
 
     bench = sub.add_parser("bench", help="benchmark the router against raw websockets and Redis on this machine")
     from router.bench import add_arguments as add_bench_arguments  # no Ray: `router --help` stays fast

@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from actors.baqend.contract import QUERY, Op, Scan, Write, writes
+from actors.baqend.contract import DOCUMENT, QUERY, Op, Scan, Write, writes
 from actors.baqend.documents import (NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable,
                                      reader, visible)
 from actors.baqend.livequeries import QueryTable
@@ -161,3 +161,7 @@ class BaqendQueries(Component):
 
     def stats(self) -> dict[str, Any]:
         return self.table.stats()
+
+
+# What Baqend adds to which shard kind (the dialect table reads it).
+COMPONENTS = {DOCUMENT: (BaqendDocuments,), QUERY: (BaqendQueries,)}

@@ -9,6 +9,7 @@ from actors.cashu.retained import Retained, RetainedValues, SqliteRetainedStore
 from actors.pubsub import PubSub
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT
+from router.shardmap import TOPIC
 
 
 class CashuRetained(Component):
@@ -59,3 +60,7 @@ class CashuRetained(Component):
 
     def stats(self) -> dict[str, Any]:
         return {} if self._retained is None else {"retained": self._retained.stats()}
+
+
+# What Cashu adds to which shard kind (the dialect table reads it).
+COMPONENTS = {TOPIC: (CashuRetained,)}

@@ -8,6 +8,7 @@ from actors.mx.contract import Op, Stream, mx_event
 from actors.mx.match import MxMatchIndex, Subscription
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT, Location, group_by_gateway
+from router.shardmap import TOPIC
 
 
 class MxFilters(Component):
@@ -58,3 +59,7 @@ class MxFilters(Component):
 
     def stats(self) -> dict[str, Any]:
         return {} if self.index.empty else {"mx": self.index.stats()}
+
+
+# What the mx hub adds to which shard kind (the dialect table reads it).
+COMPONENTS = {TOPIC: (MxFilters,)}

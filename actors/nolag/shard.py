@@ -20,6 +20,7 @@ from actors.nolag.messagelog import LogRecord, MessageLog, SqliteMessageLog
 from actors.nolag.state import Lobby, Presence, Subscriptions
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT, Location, group_by_gateway
+from router.shardmap import SESSION, TOPIC
 
 logger = logging.getLogger(__name__)
 
@@ -281,3 +282,7 @@ class NolagActors(Component):
 
     def stats(self) -> dict[str, Any]:
         return {"nolag_actors": len(self.actors)}
+
+
+# What NoLag adds to which shard kind (the dialect table reads it).
+COMPONENTS = {TOPIC: (NolagTopics,), SESSION: (NolagActors,)}

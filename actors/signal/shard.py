@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.shard import Component, Handler
-from actors.signal.contract import Op
+from actors.signal.contract import REGISTRY, Op
 from actors.signal.registry import Registry
 from router.contract import Location, now_ms
 from router.errors import CommandError
@@ -76,3 +76,7 @@ class SignalRegistry(Component):
 
     def stats(self) -> dict[str, Any]:
         return self.registry.stats(now_ms())
+
+
+# What Signal Hub adds to which shard kind (the dialect table reads it).
+COMPONENTS = {REGISTRY: (SignalRegistry,)}

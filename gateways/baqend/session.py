@@ -325,3 +325,8 @@ def _unavailable(result: Any) -> ProtocolError:
     if isinstance(result, CommandError):
         return ProtocolError(result.message, 400, codec.BAD_REQUEST)
     return ProtocolError("The router could not run the query; subscribe again", 503, "Service Unavailable")
+
+
+def endpoints(gateway: Any, config: Any) -> list[Dialect]:
+    """What a gateway serves of this dialect (the dialect table calls it)."""
+    return [BaqendDialect(gateway, config)]

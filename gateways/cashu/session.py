@@ -381,3 +381,8 @@ class CashuSession(DialectSession):
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("cashu: fetching states from the mint failed", exc_info=task.exception())
+
+
+def endpoints(gateway: Any, config: Any) -> list[Dialect]:
+    """What a gateway serves of this dialect (the dialect table calls it)."""
+    return [CashuDialect(gateway, config)]

@@ -27,8 +27,8 @@ from actors.mx.contract import Stream, block_item
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec, node
 from gateways.mx.node import DuplicateSuppressor, Ignored, InvalidNodeFrame, SavedBlock
-from gateways.mx.pb import mx_hub_pb2
 from gateways.mx.config import MxConfig
+from gateways.mx.pb import mx_hub_pb2
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC

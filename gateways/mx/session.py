@@ -27,6 +27,7 @@ from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from gateways.mx.config import MxConfig
+from gateways.mx.ingest import NodeIngestDialect
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
@@ -258,3 +259,10 @@ class HubSession(DialectSession):
         self.queue.clear()
         if self.subscriptions:
             self.shards.send(self.link, contract.purge(self.wire.id))
+
+
+def endpoints(gateway: Any, config: Any) -> list[Dialect]:
+    """What a gateway serves of the mx dialect (the dialect table calls it): the hub, and the
+    node ingest that feeds it."""
+    hub = MxHubDialect(gateway, config)
+    return [hub, NodeIngestDialect(gateway, config, hub)]

@@ -593,3 +593,7 @@ def _selects(sub: _Subscription, filter_: str | None) -> bool:
     """As the topic shard routes: wildcard subscriptions get everything, filtered ones their filters."""
     return not sub.filters or (filter_ is not None and filter_ in sub.filters)
 
+
+def endpoints(gateway: Any, config: Any) -> list[Dialect]:
+    """What a gateway serves of this dialect (the dialect table calls it)."""
+    return [NolagDialect(gateway, config)]

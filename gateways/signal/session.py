@@ -548,3 +548,8 @@ class SignalSession(DialectSession):
             "failed": self.failed + self.wire.dropped,
             "paused": self.wire.writing_paused,
         })
+
+
+def endpoints(gateway: Any, config: Any) -> list[Dialect]:
+    """What a gateway serves of this dialect (the dialect table calls it)."""
+    return [SignalHubDialect(gateway, config)]

@@ -5,6 +5,7 @@ do not collide, and the core (``router/``) imports no dialect."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
@@ -79,6 +80,15 @@ def test_shard_kinds_come_from_the_dialect_table_in_order():
     # A dialect's own kind starts only with the dialect; the core's always do.
     assert shard_kinds(load_settings(signal={"enabled": False}, baqend={"enabled": False})) == ("session", "topic")
     assert [spec.name for spec in DIALECTS] == ["signal", "cashu", "mx", "nolag", "baqend"]
+
+
+def test_each_rows_declared_parts_match_what_its_packages_hold():
+    """A row's shard kinds (which the settings count without importing shards) are the kinds its
+    components use beyond the core's; `cli` is set exactly when it has a CLI module."""
+    for spec in DIALECTS:
+        assert set(spec.components()) - {"session", "topic"} == set(spec.kinds), spec.name
+        assert spec.cli == (ROOT / "gateways" / spec.name / "cli.py").exists(), spec.name
+        assert callable(importlib.import_module(f"gateways.{spec.name}.session").endpoints), spec.name
 
 
 def test_the_base_calls_every_components_purge_hooks(tmp_path):
