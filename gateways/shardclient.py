@@ -36,6 +36,7 @@ def _serializable(command: tuple) -> bool:
         return False
     return True
 
+
 _CLOCK_SLACK_S = 0.001  # a timer may fire this much before its deadline by the loop's clock
 
 

@@ -270,11 +270,10 @@ def _known(model: type[BaseModel], path: list[str]) -> bool:
 
 
 def _closest(wrong: str, candidates: list[str], prefix: str = "") -> str:
-    match = difflib.get_close_matches(wrong.lower(), [c.lower() for c in candidates], n=1, cutoff=0.8)
-    if not match:
-        return ""
-    spelled = candidates[[c.lower() for c in candidates].index(match[0])]
-    return f"; did you mean {prefix}{spelled}?"
+    """``; did you mean <prefix><candidate>?`` for the closest candidate (case-blind), or nothing."""
+    spelled = {candidate.lower(): candidate for candidate in candidates}
+    match = difflib.get_close_matches(wrong.lower(), list(spelled), n=1, cutoff=0.8)
+    return f"; did you mean {prefix}{spelled[match[0]]}?" if match else ""
 
 
 def unknown_environment(model: type[BaseModel], environ: Mapping[str, str]) -> list[str]:

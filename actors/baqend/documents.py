@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping
 import orjson
 
 from router.errors import CommandError
+from router.nesting import MAX_NESTING, too_deep
 from router.sqlite import open_wal, write_transaction
 
 Document = dict[str, Any]
@@ -35,36 +36,29 @@ _READ_ONLY = frozenset({"id", "version", "createdAt", "updatedAt"})
 # What a write answers a caller who may write the document but not read it.
 _BLIND_FIELDS = ("id", "version", "createdAt", "updatedAt")
 
-# What the store holds: a document nested deeper, an integer outside what JSON encoders and the
-# SDK's peers write, a longer field path or a bigger document is refused with 400 naming the rule.
-MAX_DEPTH = 32  # objects and arrays, the document itself being level 1
+# What the store holds: a document nested deeper than MAX_NESTING, an integer beyond 64 bits, a
+# longer field path or a bigger document is refused with 400 naming the rule.
 MAX_PATH_PARTS = 32  # in a partial update's dotted path
-INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
+INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1  # what JSON decoders give and encoders write as integers
 MAX_DOCUMENT_BYTES = 256 * 1024  # the default of baqend.max_document_bytes
 
 
-def check_value(value: Any, what: str = "the object") -> None:
-    """Raise ``bad_request`` naming the rule when the store could not hold ``value``: nesting
-    beyond :data:`MAX_DEPTH`, an integer beyond 64 bits. Iterative: no recursion to exhaust."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            if isinstance(node, int) and not isinstance(node, bool) and not INT_MIN <= node <= INT_MAX:
-                raise CommandError(BAD_REQUEST, f"{what}: integers must fit in 64 bits")
-            continue
-        if depth > MAX_DEPTH:
-            raise CommandError(BAD_REQUEST, f"{what} is nested deeper than {MAX_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children)
+def check_nesting(value: Any, what: str = "the object") -> None:
+    """Raise ``bad_request`` when ``value`` nests deeper than :data:`MAX_NESTING`."""
+    if too_deep(value):
+        raise CommandError(BAD_REQUEST, f"{what} is nested deeper than {MAX_NESTING} levels")
+
+
+def _integer(value: int | float) -> int | float:
+    """An arithmetic result, refused when it leaves 64 bits (a decoded document never does)."""
+    if isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+        raise CommandError(BAD_REQUEST, "the object: integers must fit in 64 bits")
+    return value
 
 
 def encode_document(document: Document, max_bytes: int) -> bytes:
     """The stored body of ``document``, or ``bad_request`` naming the rule it breaks."""
-    check_value(document, "the object")
+    check_nesting(document)
     try:
         body = orjson.dumps(document)
     except orjson.JSONEncodeError as error:  # e.g. a value JSON cannot hold
@@ -258,14 +252,14 @@ def _apply_one(document: Document, operator: str, path: str, value: Any, now: st
         current = _get(document, path)
         if current is None:
             current = 0 if operator in ("$inc", "$dec", "$mul") else operand
-        _set(document, path, _arithmetic(operator)(_number(current, operator, path), operand))
+        _set(document, path, _integer(_arithmetic(operator)(_number(current, operator, path), operand)))
     elif operator in _BITWISE:
         if isinstance(value, bool) or not isinstance(value, int):
             raise CommandError(BAD_REQUEST, f"{operator} on {path} needs an integer")
         current = _get(document, path) or 0
         if isinstance(current, bool) or not isinstance(current, int):
             raise CommandError(BAD_REQUEST, f"{operator}: {path} is not an integer")
-        _set(document, path, _BITWISE[operator](current, value))
+        _set(document, path, _integer(_BITWISE[operator](current, value)))
     elif operator == "$push":
         _list(document, path, operator).append(value)
     elif operator == "$unshift":

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from actors.baqend.documents import check_value
+from actors.baqend.documents import check_nesting
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
 from router.errors import CommandError
@@ -188,7 +188,7 @@ def decode_object(body: bytes, max_bytes: int) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise RestError(400, "the body must be a JSON object")
     try:
-        check_value(value, "the body")  # before it is pickled to a shard: what the store cannot hold stops here
+        check_nesting(value, "the body")  # before it is pickled to a shard: what the store cannot hold stops here
     except CommandError as error:
         raise RestError(400, error.message) from None
     return value

@@ -66,10 +66,11 @@ class QosWindow:
 
     def delivered(self, topic: str, msg_id: str | None, qos: int, ts_ms: int, frame: bytes, sent: bool,
                   now: float) -> None:
-        """``frame`` was handed to the socket at ``now`` (``sent``: whether the socket took it)."""
+        """``frame`` was handed to the socket at ``now`` (``sent``: whether the socket took it;
+        ``now`` is read only for a frame that waits for its ack)."""
         if sent and ts_ms > self.positions.get(topic, 0):
             self.positions[topic] = ts_ms
-        if qos >= 1 and msg_id is not None:
+        if self.requires_ack(msg_id, qos):
             if qos == 2 and sent:
                 seen = self.seen_qos2
                 seen[msg_id] = None

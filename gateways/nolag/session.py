@@ -472,10 +472,10 @@ class NolagSession(DialectSession):
         window = self.qos
         if not window.deliverable(msg_id, qos):
             return
-        frame = codec.message_packed(topic, packed, msg_id, window.requires_ack(msg_id, qos), is_replay, filter_,
-                                     None, ts_ms)
+        requires_ack = window.requires_ack(msg_id, qos)
+        frame = codec.message_packed(topic, packed, msg_id, requires_ack, is_replay, filter_, None, ts_ms)
         sent = self._send(frame)
-        window.delivered(topic, msg_id, qos, ts_ms, frame, sent, time.monotonic())
+        window.delivered(topic, msg_id, qos, ts_ms, frame, sent, time.monotonic() if requires_ack else 0.0)
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
