@@ -1,9 +1,23 @@
-"""Test-session plumbing shared by every suite."""
+"""Test-session plumbing shared by every suite: quiet local Ray, and one Ray runtime per session."""
 
 from __future__ import annotations
 
+import logging
 import os
 
-# Keep Ray quiet and local in every process the tests start.
+# Keep Ray quiet and local in every process the tests start (set before Ray is imported).
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import pytest  # noqa: E402
+import ray  # noqa: E402
+
+from router.runtime import LOCAL_RAY_SYSTEM_CONFIG  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_runtime() -> str:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tests", logging_level=logging.WARNING,
+             _system_config=LOCAL_RAY_SYSTEM_CONFIG)  # as the embedded router starts it
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

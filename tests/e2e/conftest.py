@@ -1,4 +1,4 @@
-"""One Ray runtime for the whole test session, and routers started on it the way `router serve` does.
+"""Routers started on the session's Ray runtime (tests/conftest.py) the way `router serve` does.
 
 - ``hub``: JWT auth on (HS256), two gateways, two shards of each kind, Signal Hub at /signal on
   the main port, a high rate limit so functional tests never trip it.
@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import time
 from dataclasses import dataclass
@@ -16,11 +15,10 @@ from typing import Any
 
 import jwt
 import pytest
-import ray
 
 from gateways.signal.config import ALL_SIGNAL_CAPABILITIES
 from router.settings import load_settings
-from router.runtime import LOCAL_RAY_SYSTEM_CONFIG, Router
+from router.runtime import Router
 
 SECRET = "e2e-secret-" + "0123456789abcdef" * 4
 
@@ -91,14 +89,6 @@ def free_consecutive_ports(count: int) -> int:
             for s in sockets:
                 s.close()
     raise RuntimeError("no consecutive free ports")
-
-
-@pytest.fixture(scope="session")
-def ray_runtime() -> str:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="tests", logging_level=logging.WARNING,
-             _system_config=LOCAL_RAY_SYSTEM_CONFIG)  # as the embedded router starts it
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")
