@@ -168,6 +168,11 @@ class Dialect(ABC):
     @abstractmethod
     def new_session(self, wire: Wire, request_headers: Any) -> DialectSession: ...
 
+    def admit(self, request: HttpRequest) -> HttpResponse | None:
+        """Checked before a WebSocket upgrade on this dialect's path is accepted (a credential, the
+        peer's address): a response to refuse it with, or None to accept."""
+        return None
+
     def http_routes(self) -> list[HttpRoute]:
         return []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import logging
 import os
 import time
@@ -55,6 +56,9 @@ class Gateway:
         self.settings = settings
         self.loop = loop
         self.connections: dict[int, Connection] = {}
+        self._per_ip: dict[str, int] = {}
+        self._exempt = [ipaddress.ip_network(net, strict=False) for net in settings.gateway.connection_limit_exempt]
+        self.refused_connections = {"max_connections": 0, "max_connections_per_ip": 0}
         self._corked: list[Connection] = []
         self._next_connection_id = 0
         tuning = settings.gateway
@@ -173,9 +177,29 @@ class Gateway:
             connection.close(code, reason)
         return len(closing)
 
-    def add_connection(self, connection: Connection) -> int:
+    def admit(self, host: str) -> tuple[int, bytes] | None:
+        """Refuse a new socket over ``max_connections`` or ``max_connections_per_ip``: (status, body)."""
+        limits = self.settings.gateway
+        if len(self.connections) >= limits.max_connections:
+            self.refused_connections["max_connections"] += 1
+            return 503, b'{"error":"too_many_connections","message":"this gateway is at max_connections"}'
+        if self._per_ip.get(host, 0) >= limits.max_connections_per_ip and not self._exempt_host(host):
+            self.refused_connections["max_connections_per_ip"] += 1
+            return 429, b'{"error":"too_many_connections","message":"too many connections from this address"}'
+        return None
+
+    def _exempt_host(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False  # a Unix socket peer or an unparsable one: counted like any other
+        return any(address in network for network in self._exempt)
+
+    def add_connection(self, connection: Connection, host: str = "") -> int:
         self._next_connection_id += 1
         self.connections[self._next_connection_id] = connection
+        connection.host = host
+        self._per_ip[host] = self._per_ip.get(host, 0) + 1
         if self._reading_paused:
             connection.transport.pause_reading()
         return self._next_connection_id
@@ -197,15 +221,23 @@ class Gateway:
                 logger.exception("connection %s: write failed", connection.id)
 
     def remove_connection(self, connection: Connection) -> None:
-        self.connections.pop(connection.id, None)
+        if self.connections.pop(connection.id, None) is None:
+            return
+        count = self._per_ip.get(connection.host, 0) - 1
+        if count > 0:
+            self._per_ip[connection.host] = count
+        else:
+            self._per_ip.pop(connection.host, None)
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
 
     def _backlog(self, backlogged: bool) -> None:
         """Too many commands wait for shards: stop reading sockets until they drain."""
         self._reading_paused = backlogged
         for connection in self.connections.values():
-            transport = connection.transport
-            if transport is not None and not transport.is_closing():
-                (transport.pause_reading if backlogged else transport.resume_reading)()
+            connection.update_reading()
 
     async def _sweep(self) -> None:
         interval = self.settings.gateway.sweep_interval_s
@@ -383,6 +415,13 @@ class Gateway:
             **self.describe(),
             "connections": len(self.connections),
             "websockets": sum(1 for c in self.connections.values() if c.ws is not None),
+            "refused_connections": dict(self.refused_connections),
+            "addresses": len(self._per_ip),
+            # Connections that stopped reading because they do not read what they asked for, and
+            # what waits for them: answers not yet written, and bytes written but not yet taken.
+            "reading_held": sum(1 for c in self.connections.values() if c.reading_held),
+            "queued_http_requests": sum(c.queued_requests() for c in self.connections.values()),
+            "outbound_bytes": sum(c.outbound_bytes() for c in self.connections.values()),
             "delivered": self.delivered,
             "undeliverable": self.undeliverable,
             "reordered_skipped": self.sequencer.skipped,

@@ -41,11 +41,13 @@ _TEXT = Opcode.TEXT
 _BINARY = Opcode.BINARY
 _CONT = Opcode.CONT
 _CLOSING = State.CLOSING
+# After a refusal, the client's remaining bytes are read and dropped for this long, up to this many.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 4 << 20
 
-MAX_HTTP_HEAD_BYTES = 64 * 1024
 _STATUS_PHRASES = {
     200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
-    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 412: "Precondition Failed",
+    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 412: "Precondition Failed",
     413: "Content Too Large", 426: "Upgrade Required", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
     500: "Internal Server Error", 503: "Service Unavailable",
 }
@@ -106,6 +108,7 @@ class Connection(asyncio.Protocol):
         self.id = 0
         self.transport: asyncio.Transport | None = None
         self.remote = ""
+        self.host = ""  # the peer's address, as counted for max_connections_per_ip
         self.path = ""
         self.query = ""
         self.ws: ServerProtocol | None = None
@@ -123,15 +126,21 @@ class Connection(asyncio.Protocol):
         self._failed = False
         self._fragments: list[bytes] | None = None
         self._fragments_text = False
+        self._held = False  # this connection stopped reading: its own output is not being read
+        self._refused = False  # refused at accept (connection limits): never counted, never read
         # HTTP state
         self._parser: Any = httptools.HttpRequestParser(self)
-        self._head = bytearray()
+        self._request_started: float | None = None  # first byte of the request being received
+        self._head_bytes = 0  # bytes received since the last request's headers were complete
+        self._headers_done = False
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._body = bytearray()
         self._requests: deque[tuple[HttpRequest, bool]] = deque()
         self._http_task: asyncio.Task | None = None
+        self._drained: asyncio.Future | None = None
         self._rejected = False
+        self._discarded = 0  # bytes read and dropped after a refusal, while the client reads it
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -139,14 +148,26 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
-        self.id = self.gateway.add_connection(self)
+        host = peer[0] if isinstance(peer, tuple) and peer else ""
+        refusal = self.gateway.admit(host)
+        if refusal is not None:
+            # Over a connection limit: a plain HTTP answer the client can read, then close.
+            self._refused = True
+            self._last_word(encode_http_response(json_response(*refusal), keep_alive=False))
+            asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
+            return
+        self.id = self.gateway.add_connection(self, host)
 
     def data_received(self, data: bytes) -> None:
         self.last_activity = time.monotonic()
         if self.ws is not None:
             self._ws_received(data)
-        elif not self._rejected:
+        elif not self._rejected and not self._refused:
             self._http_received(data)
+        else:
+            self._discarded += len(data)
+            if self._discarded > LINGER_MAX_BYTES:
+                self.transport.abort()
 
     def eof_received(self) -> bool | None:
         if self.ws is not None:
@@ -155,6 +176,8 @@ class Connection(asyncio.Protocol):
         return None  # let the transport close itself
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
         self.gateway.remove_connection(self)
         if self._http_task is not None:
             self._http_task.cancel()
@@ -167,9 +190,14 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._update_hold()
 
     def resume_writing(self) -> None:
         self._paused = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+        self._update_hold()
         session = self.session
         if session is not None:
             try:
@@ -250,14 +278,62 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    # -- reading ------------------------------------------------------------------------
+
+    def _update_hold(self) -> None:
+        """Stop reading a client that does not read what it asked for.
+
+        HTTP: while ``max_pipelined_requests`` wait to be answered, or while an answer cannot be
+        written. WebSocket: while its unread output (pongs, replies) is over ``max_outbound``
+        (deliveries past that are dropped, so only what its own frames cause can pile up). What
+        it sent meanwhile waits in its own socket buffers, not in our memory.
+        """
+        if self._refused:
+            return
+        if self.ws is None:
+            hold = (len(self._requests) >= self.gateway.settings.gateway.max_pipelined_requests
+                    or (self._paused and self._http_task is not None))
+        else:
+            hold = self._paused and self.outbound_bytes() > self.max_outbound
+        if hold != self._held:
+            self._held = hold
+            self.update_reading()
+
+    def update_reading(self) -> None:
+        """Read unless this connection holds or the gateway paused every socket (a shard backlog)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._held or self.gateway.reading_paused:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    @property
+    def reading_held(self) -> bool:
+        return self._held
+
+    def queued_requests(self) -> int:
+        return len(self._requests)
+
     # -- timers ---------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
         settings = self.gateway.settings.gateway
         if self.ws is None:
-            idle = now - self.last_activity
-            if self._http_task is None and idle > settings.handshake_timeout_s:
-                self.transport.close()
+            if self._rejected:
+                if now - self.closing_since > LINGER_S:
+                    self.abort()
+                return
+            if self._held:
+                return
+            started = self._request_started
+            if started is not None:
+                # An absolute deadline for the whole request: a byte every few seconds does not extend it.
+                if now - started > settings.handshake_timeout_s:
+                    self._reject(408, b'{"error":"request_timeout","message":"the request did not arrive in time"}')
+            elif self._http_task is None and now - self.last_activity > settings.handshake_timeout_s:
+                self.transport.close()  # idle between requests (keep-alive) or never sent one
             return
         if self.ws.state is _CLOSING or self.closing_since is not None:
             since = self.closing_since or now
@@ -292,6 +368,8 @@ class Connection(asyncio.Protocol):
                     self._message(data, self._fragments_text)
             if self._failed:
                 break  # we failed the connection (e.g. invalid UTF-8): discard the rest
+        if self._paused:
+            self._update_hold()
 
     def _message(self, data: bytes, is_text: bool) -> None:
         if is_text:
@@ -324,40 +402,66 @@ class Connection(asyncio.Protocol):
     # -- HTTP -----------------------------------------------------------------------------
 
     def _http_received(self, data: bytes) -> None:
-        start = len(self._head)
-        self._head += data
+        if self._request_started is None:
+            self._request_started = self.last_activity
+        if not self._headers_done:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
-            self._upgrade(start + upgrade.args[0])
+            self._upgrade(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError:
             self._reject(400, b'{"error":"bad_request","message":"malformed HTTP request"}')
             return
-        if not self._rejected and len(self._head) > MAX_HTTP_HEAD_BYTES + self.gateway.settings.gateway.max_http_body_bytes:
-            self._reject(413, b'{"error":"too_large","message":"request too large"}')
+        if self._rejected:
             return
+        if not self._headers_done and self._head_bytes > self.gateway.settings.gateway.max_http_header_bytes:
+            self._headers_too_large()  # still no end of headers: llhttp would buffer them whole
+            return
+        self._update_hold()
         if self._requests and self._http_task is None:
             self._http_task = asyncio.get_running_loop().create_task(self._serve_http())
+
+    def _headers_too_large(self) -> None:
+        self._reject(431, b'{"error":"headers_too_large","message":"request headers too large or too many"}')
 
     # httptools callbacks
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = []
         self._body = bytearray()
+        self._headers_done = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._rejected:
+            return
+        limits = self.gateway.settings.gateway
+        if len(self._headers) >= limits.max_http_headers:
+            self._headers_too_large()
+            return
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        if self._rejected:
+            return
+        limits = self.gateway.settings.gateway
+        head = len(self._url) + sum(len(name) + len(value) + 4 for name, value in self._headers)
+        if head > limits.max_http_header_bytes:
+            self._headers_too_large()
+            return
+        self._headers_done = True
+        self._head_bytes = 0
         length = next((v for k, v in self._headers if k.lower() == "content-length"), None)
-        if length is not None and length.isdigit() and int(length) > self.gateway.settings.gateway.max_http_body_bytes:
+        if length is not None and length.isdigit() and int(length) > limits.max_http_body_bytes:
             self._reject(413, b'{"error":"too_large","message":"request body too large"}')
 
     def on_body(self, body: bytes) -> None:
+        if self._rejected:
+            return
         if len(self._body) + len(body) > self.gateway.settings.gateway.max_http_body_bytes:
             self._reject(413, b'{"error":"too_large","message":"request body too large"}')
             return
@@ -376,20 +480,28 @@ class Connection(asyncio.Protocol):
             remote=self.remote,
         )
         self._requests.append((request, self._parser.should_keep_alive()))
-        self._head = bytearray()
+        self._request_started = None
+        self._headers_done = False
+        self._head_bytes = 0
 
     async def _serve_http(self) -> None:
         try:
             while self._requests and not self.transport.is_closing():
+                if self._paused:  # the client is not reading: answer more only when it does
+                    self._drained = asyncio.get_running_loop().create_future()
+                    await self._drained
+                    continue
                 request, keep_alive = self._requests.popleft()
                 response = await self._answer(request)
                 self.transport.write(encode_http_response(response, keep_alive))
                 if not keep_alive:
                     self.transport.close()
                     return
+                self._update_hold()
         finally:
             self._http_task = None
             self.last_activity = time.monotonic()
+            self._update_hold()
 
     async def _answer(self, request: HttpRequest) -> HttpResponse:
         route, path_known = self.listener.http_route(request.method, request.path)
@@ -407,24 +519,52 @@ class Connection(asyncio.Protocol):
             return json_response(500, b'{"error":"internal_error","message":"internal error"}')
 
     def _reject(self, status: int, body: bytes) -> None:
+        self._refuse(encode_http_response(json_response(status, body), keep_alive=False))
+
+    def _refuse(self, response: bytes) -> None:
+        """Answer, then close once the client has read it (the sweep ends it after LINGER_S)."""
         if self._rejected:
             return
         self._rejected = True
-        self.transport.write(encode_http_response(json_response(status, body), keep_alive=False))
-        self.transport.close()
+        self.closing_since = time.monotonic()
+        self._last_word(response)
 
-    def _upgrade(self, head_end: int) -> None:
-        raw = bytes(self._head)
-        self._head = bytearray()
-        head, rest = raw[:head_end], raw[head_end:]
-        path = httptools.parse_url(self._url).path.decode("latin-1")
+    def _last_word(self, response: bytes) -> None:
+        """Write a final answer and end our side, but keep reading (and dropping) what the client
+        still sends: closing a socket with unread bytes sends a reset, which can destroy the
+        answer before the client reads it (a 431 for 1 MB of headers, say)."""
+        transport = self.transport
+        transport.write(response)
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:
+            transport.close()
+
+    def _upgrade(self, rest: bytes) -> None:
+        if self._rejected:
+            return  # its headers were refused (431)
+        if self._requests or self._http_task is not None:
+            # An upgrade pipelined behind requests not yet answered: its 101 would overtake them.
+            self._reject(400, b'{"error":"bad_request","message":"upgrade pipelined behind other requests"}')
+            return
+        url = httptools.parse_url(self._url)
+        path = url.path.decode("latin-1")
         dialect = self.listener.ws_routes.get(path)
         if dialect is None:
             self._reject(404, b'{"error":"not_found","message":"no WebSocket endpoint on this path"}')
             return
+        method = self._parser.get_method().decode("latin-1")
+        refusal = dialect.admit(HttpRequest(method, path, (url.query or b"").decode("latin-1"), self._headers, b"",
+                                            self.remote))
+        if refusal is not None:
+            self._refuse(encode_http_response(refusal, keep_alive=False))
+            return
+        # The websockets handshake reads the head again, rebuilt from what llhttp parsed and checked.
+        head = "".join([f"{method} {self._url.decode('latin-1')} HTTP/{self._parser.get_http_version()}\r\n",
+                        *(f"{name}: {value}\r\n" for name, value in self._headers), "\r\n"])
         extensions = [ServerPerMessageDeflateFactory()] if self.gateway.settings.gateway.compression else None
         ws = ServerProtocol(extensions=extensions, max_size=dialect.max_frame_bytes, logger=_ws_logger)
-        ws.receive_data(head)
+        ws.receive_data(head.encode("latin-1"))
         events = ws.events_received()
         if not events:  # websockets could not parse what llhttp accepted
             self._reject(400, b'{"error":"bad_request","message":"malformed upgrade request"}')
@@ -436,9 +576,9 @@ class Connection(asyncio.Protocol):
         if ws.state is not OPEN:
             self.transport.close()
             return
-        url = httptools.parse_url(self._url)
         self.path = path
         self.query = (url.query or b"").decode("latin-1")
+        self._request_started = None
         self.ws = ws
         self.dialect = dialect
         self.compressed = bool(ws.extensions)

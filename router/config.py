@@ -13,6 +13,7 @@ and the loader. Each dialect's section lives with the dialect (``gateways/<diale
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import threading
 import tomllib
@@ -107,8 +108,14 @@ class ShardsConfig(Section):
     # A dialect's own kinds (e.g. `registry`) are added by router/settings.py from the dialect table.
 
 
+def _networks(values: list[str]) -> list[str]:
+    for value in values:
+        ipaddress.ip_network(value, strict=False)  # ValueError names the bad one
+    return values
+
+
 class GatewayConfig(Section):
-    """Gateway tuning: batching to shards, HTTP limits, timeouts."""
+    """Gateway tuning: batching to shards, HTTP limits, connection limits, timeouts."""
 
     # Commands and deliveries travel over lanes (one stream per gateway and shard; docs/performance.md);
     # off: every batch is a Ray call and every delivery to another gateway a Ray call.
@@ -124,9 +131,23 @@ class GatewayConfig(Section):
     request_timeout_s: float = Field(default=10, gt=0)
     # A delivery that arrives out of order waits this long for the ones before it.
     reorder_timeout_s: float = Field(default=2.0, gt=0)
+    # A request (head and body, or a WebSocket handshake) must arrive whole within this time of
+    # its first byte (408), and a connection idle between requests is closed after it.
     handshake_timeout_s: float = Field(default=10, gt=0)
     close_timeout_s: float = Field(default=5, gt=0)
     max_http_body_bytes: int = Field(default=1 * MIB, ge=1024)
+    # Request line and headers together, and how many headers: over either, 431.
+    max_http_header_bytes: int = Field(default=16 * KIB, ge=1024, le=1 * MIB)
+    max_http_headers: int = Field(default=100, ge=8, le=1000)
+    # Requests a client may pipeline before it reads answers; at this many the gateway stops reading it.
+    max_pipelined_requests: int = Field(default=16, ge=1, le=1024)
+    # Sockets per gateway (HTTP and WebSocket) and per client address; over them, 503 / 429 and close.
+    max_connections: int = Field(default=50_000, ge=1)
+    max_connections_per_ip: int = Field(default=1_000, ge=1)
+    # Addresses not held to max_connections_per_ip: loopback, and your load balancer's (every client
+    # behind it shares its address), as addresses or networks.
+    connection_limit_exempt: Annotated[list[str], AfterValidator(_networks)] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     # permessage-deflate costs about a third more CPU per delivery; off unless asked for.
     compression: bool = False
     sweep_interval_s: float = Field(default=1.0, gt=0)

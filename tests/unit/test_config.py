@@ -61,6 +61,12 @@ def test_defaults(tmp_path):
         "handshake_timeout_s": 10,
         "close_timeout_s": 5,
         "max_http_body_bytes": 1024 * 1024,
+        "max_http_header_bytes": 16 * 1024,
+        "max_http_headers": 100,
+        "max_pipelined_requests": 16,
+        "max_connections": 50_000,
+        "max_connections_per_ip": 1_000,
+        "connection_limit_exempt": ["127.0.0.0/8", "::1/128"],
         "compression": False,
         "sweep_interval_s": 1.0,
     }
