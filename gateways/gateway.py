@@ -76,7 +76,8 @@ class Gateway:
         self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop)
         analytics = settings.analytics
         self.events = (
-            EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours, event_writer)
+            EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours, event_writer,
+                     analytics.max_rejected_per_flush, analytics.max_unwritten_records)
             if analytics.enabled else None
         )
         self.metrics = GatewayMetrics(gateway_id) if settings.metrics.enabled else None
@@ -432,6 +433,7 @@ class Gateway:
             "gc_collections": [generation["collections"] for generation in gc.get_stats()],
             "event_log": None if self.events is None else {
                 "rows_written": self.events.rows_written, "files_written": self.events.files_written,
+                "rejected_unlogged": self.events.rejected_unlogged, "records_dropped": self.events.records_dropped,
                 "write_cpu_s": round(self.events.write_cpu_s, 3)},
         }
 

@@ -163,6 +163,10 @@ class AnalyticsConfig(Section):
     sample_rate: float = Field(default=1.0, ge=0, le=1)
     flush_interval_s: float = Field(default=2.0, gt=0)
     retention_hours: float = Field(default=168, gt=0)
+    # Bounds under floods: refused frames recorded per flush (the rest are counted in the metrics
+    # only), and records waiting for the writer (past it, a flush is dropped and counted).
+    max_rejected_per_flush: int = Field(default=10_000, ge=0)
+    max_unwritten_records: int = Field(default=4_000_000, ge=1000)
     # "process": a writer actor per gateway (on its node) turns records into Parquet;
     # "thread": a thread of the gateway's own process does (one process fewer, more gateway CPU).
     writer: Literal["process", "thread"] = "process"

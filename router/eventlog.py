@@ -67,6 +67,8 @@ class EventLog:
         sample_rate: float = 1.0,
         retention_hours: float = 168,
         remote: Any = None,
+        max_rejected_per_flush: int = 10_000,
+        max_unwritten_records: int = 4_000_000,
     ) -> None:
         self.directory = Path(directory)
         # A Ray actor handle with write(rows, groups) and ready(): the Arrow and Parquet work then
@@ -81,6 +83,16 @@ class EventLog:
         self._groups: list[tuple] = []
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
         self._pending: list[Future] = []
+        # Bounds for floods: refused frames logged per flush (a client hammering a rate limit
+        # would otherwise write a row per frame), and records handed to the writer but not yet
+        # written (a writer that falls behind would otherwise queue every flush in memory).
+        self.max_rejected_per_flush = max_rejected_per_flush
+        self.max_unwritten_records = max_unwritten_records
+        self._rejected_in_flush = 0
+        self._submitted = 0  # records handed to the writer (counted on the loop's thread)
+        self._finished = 0  # records the writer is done with (counted on the writer's thread)
+        self.rejected_unlogged = 0  # refused frames past max_rejected_per_flush: in metrics only
+        self.records_dropped = 0  # records of flushes dropped because the writer was behind
         self._last_retention = 0.0
         self._files = itertools.count()
         self.rows_written = 0
@@ -106,6 +118,10 @@ class EventLog:
 
     def rejected(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int,
                  reason: str) -> None:
+        if self._rejected_in_flush >= self.max_rejected_per_flush:
+            self.rejected_unlogged += 1
+            return
+        self._rejected_in_flush += 1
         self._rows.append((ts_ns, meta, protocol_id, nbytes, connection, "rejected", reason))
 
     def delivered(self, ts_ns: int, meta: Meta, nbytes: int, connections: tuple[int, ...] | list[int]) -> None:
@@ -123,6 +139,14 @@ class EventLog:
             return None
         rows, groups = self._rows, self._groups
         self._rows, self._groups = [], []
+        self._rejected_in_flush = 0
+        count = len(rows) + len(groups)
+        behind = self._submitted - self._finished
+        if behind + count > self.max_unwritten_records:
+            self.records_dropped += count
+            logger.warning("event log: the writer is %d records behind; dropped %d records", behind, count)
+            return None
+        self._submitted += count
         future = self._writer.submit(self._write, rows, groups)
         self._pending = [f for f in self._pending if not f.done()] + [future]
         return future
@@ -148,6 +172,7 @@ class EventLog:
             logger.exception("event log: writing %d rows failed", len(rows) + len(groups))
         finally:
             self.write_cpu_s += time.thread_time() - started
+            self._finished += len(rows) + len(groups)
 
     def write(self, rows: list[tuple], groups: list[tuple]) -> tuple[int, int]:
         """Convert buffered records and write them; returns (rows written, files written) so far."""

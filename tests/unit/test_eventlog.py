@@ -11,6 +11,7 @@ import calendar
 import logging
 import time
 from concurrent.futures import Future
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -128,6 +129,44 @@ def test_ingress_without_protocol_id_or_topic_stores_nulls(log, events_dir):
     [only] = read_rows(events_dir)
     assert only["protocol_id"] is None
     assert only["topic"] is None
+
+
+def test_a_flood_of_refused_frames_records_at_most_the_cap_per_flush(events_dir):
+    """A client hammering a rate limit used to get a row (and writer work) for every frame."""
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER, max_rejected_per_flush=100)
+    for seq in range(50_000):
+        log.rejected(T0 + seq, meta(seq=seq), None, 64, 4, "rate_limited")
+    log.ingress(T0, meta(seq=99_999), None, 10, 1)  # accepted messages are never capped
+    written(log)
+    rows = read_rows(events_dir)
+    assert [r["msg_seq"] for r in rows if r["outcome"] == "rejected"] == list(range(100))
+    assert [r["msg_seq"] for r in rows if r["outcome"] == "accepted"] == [99_999]
+    assert log.rejected_unlogged == 49_900
+    log.rejected(T0, meta(seq=123_456), None, 64, 4, "rate_limited")  # the cap is per flush
+    written(log)
+    assert len(read_rows(events_dir)) == 102
+    log.close()
+
+
+def test_flushes_past_the_unwritten_bound_are_dropped_and_counted(events_dir):
+    """A writer that falls behind used to queue every flush in memory."""
+    release = threading.Event()
+
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER, max_unwritten_records=1_000)
+    blocked = log._writer.submit(release.wait, WAIT)  # the writer thread is busy
+    for seq in range(600):
+        log.ingress(T0, meta(seq=seq), None, 10, 1)
+    first = log.flush()
+    for seq in range(600, 1200):
+        log.ingress(T0, meta(seq=seq), None, 10, 1)
+    assert log.flush() is None  # 600 waiting + 600 more would pass 1,000
+    assert log.records_dropped == 600
+    release.set()
+    assert blocked.result(WAIT) is True and first.result(WAIT) is None
+    log.ingress(T0, meta(seq=5_000), None, 10, 1)
+    written(log)  # the writer caught up: flushes go again
+    assert sorted(r["msg_seq"] for r in read_rows(events_dir)) == [*range(600), 5_000]
+    log.close()
 
 
 def test_rejected_is_one_in_row_with_its_reason(log, events_dir):
