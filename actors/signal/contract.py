@@ -14,6 +14,7 @@ class Op:
     RENEW = "signal.renew"
     SEND = "signal.send"
     DISCOVER = "signal.discover"
+    DESCRIBE = "signal.describe"
     BROADCAST = "signal.broadcast"
 
 
@@ -42,8 +43,15 @@ def send(address: str, payload: Any, kind: int, meta: tuple | None = None) -> tu
     return (Op.SEND, address, payload, kind, meta)
 
 
-def discover(pattern: str | None, capabilities: Any, metadata: Any, window: Any) -> tuple:
+def discover(pattern: str | None, capabilities: Any, metadata: Any, window: int) -> tuple:
+    """Answers (matches, the addresses of the first ``window``): matches is exact up to ``window``
+    and ``window + 1`` when more matched. Addresses only: a page's entries come from ``describe``."""
     return (Op.DISCOVER, pattern, capabilities, metadata, window)
+
+
+def describe(addresses: list[str]) -> tuple:
+    """Answers the public view of each address still registered here, in the given order."""
+    return (Op.DESCRIBE, addresses)
 
 
 def broadcast(payload: Any, kind: int, exclude: int | None = None, meta: tuple | None = None) -> tuple:

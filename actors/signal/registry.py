@@ -7,6 +7,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from sortedcontainers import SortedDict
+
 from router.errors import CommandError
 
 Location = tuple[str, int]
@@ -56,7 +58,8 @@ class Registry:
     def __init__(self, max_entries: int, token_factory: Callable[[], str] = new_renewal_token) -> None:
         self.max_entries = max_entries
         self._new_token = token_factory
-        self._entries: dict[str, Registration] = {}
+        # In address order, so discovery walks only as far as the page it is asked for.
+        self._entries: SortedDict[str, Registration] = SortedDict()
         self._by_connection: dict[Location, set[str]] = {}
         self._expiry_heap: list[tuple[int, str]] = []
 
@@ -158,14 +161,18 @@ class Registry:
     def discover(
         self,
         now_ms: int,
+        window: int,
         matcher: Any = None,
         capabilities: list[str] | tuple[str, ...] = (),
         metadata: dict[str, Any] | None = None,
-        window: int | None = None,
     ) -> tuple[int, list[Registration]]:
-        """Live registrations matching every criterion: (total matches, the first ``window`` by address)."""
+        """The first ``window`` live registrations matching every criterion, in address order, and
+        how many matched: exact up to ``window``, ``window + 1`` when more did.
+
+        The walk stops at the match after the window, so it costs what the page needs (plus one
+        look at each entry a filter rejects on the way), not the whole registry."""
         required = set(capabilities)
-        matches = []
+        found: list[Registration] = []
         for registration in self._entries.values():
             if not registration.is_live(now_ms):
                 continue
@@ -175,9 +182,10 @@ class Registry:
                 continue
             if metadata and not _metadata_matches(registration.metadata, metadata):
                 continue
-            matches.append(registration)
-        matches.sort(key=_by_address)
-        return len(matches), matches if window is None else matches[:window]
+            if len(found) == window:
+                return window + 1, found
+            found.append(registration)
+        return len(found), found
 
     def broadcast_routes(self, now_ms: int, exclude: Location | None = None) -> tuple[int, Routes]:
         """Connections of every live registration, one delivery per connection."""
@@ -225,10 +233,6 @@ class Registry:
             "registrations": sum(1 for r in self._entries.values() if r.is_live(now_ms)),
             "connections": len(self._by_connection),
         }
-
-
-def _by_address(registration: Registration) -> str:
-    return registration.address
 
 
 def _metadata_matches(actual: dict[str, Any], wanted: dict[str, Any]) -> bool:

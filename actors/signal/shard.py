@@ -28,7 +28,8 @@ class SignalRegistry(Component):
 
     def operations(self) -> dict[str, Handler]:
         return {Op.REGISTER: self.register, Op.UNREGISTER: self.unregister, Op.RENEW: self.renew,
-                Op.SEND: self.send, Op.DISCOVER: self.discover, Op.BROADCAST: self.broadcast}
+                Op.SEND: self.send, Op.DISCOVER: self.discover, Op.DESCRIBE: self.describe,
+                Op.BROADCAST: self.broadcast}
 
     def before_batch(self) -> None:
         if self.now >= self._next_sweep:
@@ -59,7 +60,13 @@ class SignalRegistry(Component):
             matcher = None if pattern is None else compile_pattern(pattern, self._max_pattern_length)
         except PatternError as error:
             raise CommandError("invalid_pattern", str(error)) from None
-        return self.registry.discover(self.now, matcher, capabilities, metadata, window)
+        count, found = self.registry.discover(self.now, window, matcher, capabilities, metadata)
+        return count, [registration.address for registration in found]
+
+    def describe(self, gateway_id: str, addresses: list[str]) -> list[dict[str, Any]]:
+        registry, now = self.registry, self.now
+        found = (registry.lookup(address, now) for address in addresses)
+        return [registration.describe() for registration in found if registration is not None]
 
     def broadcast(self, gateway_id: str, payload: Any, kind: int, exclude: int | None = None,
                   meta: tuple | None = None) -> int:

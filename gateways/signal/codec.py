@@ -161,6 +161,17 @@ def encode_error(
     return encode("hub:error", sender, to, payload, reply_id)
 
 
+def fit(items: list[Any], max_bytes: int) -> list[Any]:
+    """The longest prefix of ``items`` whose JSON array encodes to at most ``max_bytes`` (at least
+    the first item, so a page always moves on)."""
+    size = 1  # "[" and "]", and a comma after every item but the last
+    for index, item in enumerate(items):
+        size += len(orjson.dumps(item)) + 1
+        if size > max_bytes and index:
+            return items[:index]
+    return items
+
+
 # -- payload field readers: each raises SignalError(invalid) naming the field -------------------
 
 
@@ -190,6 +201,16 @@ def int_field(payload: dict[str, Any], name: str, default: int, low: int, high: 
     if not _is_number(value) or value != int(value) or not low <= value <= high:
         raise invalid(f"payload.{name} must be an integer from {low} to {high}", field=f"payload.{name}")
     return int(value)
+
+
+def clamped_int_field(payload: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """An integer of at least ``low``; a larger one than ``high`` is taken as ``high``."""
+    value = payload.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or value != int(value) or value < low:
+        raise invalid(f"payload.{name} must be an integer of at least {low}", field=f"payload.{name}")
+    return min(int(value), high)
 
 
 def string_list_field(payload: dict[str, Any], name: str, max_items: int, max_length: int = 128) -> list[str]:

@@ -27,12 +27,24 @@ class SignalHubConfig(Section):
     max_message_bytes: int = Field(default=512 * KIB, ge=64)
     max_frame_bytes: int = Field(default=1 * MIB, ge=64)
     heartbeat_timeout_s: float = Field(default=60, gt=0)
+    # The whole registry, split evenly over the registry shards; a full shard answers `rate_limited`.
     max_actors: int = Field(default=50_000, ge=1)
+    # Per connection, counted by its gateway (a refusal costs no shard work), over either `rate_limited`:
+    # the actors it has registered (a client registers one, a process hosting actors a few; 100 x 16 KiB
+    # metadata is 1.6 MiB, and filling max_actors takes 500 connections) and the topics it subscribes to
+    # (a subscription is a few hundred bytes in a topic shard).
+    max_registrations_per_connection: int = Field(default=100, ge=1)
+    max_subscriptions_per_connection: int = Field(default=1000, ge=1)
     default_ttl_ms: int = Field(default=300_000, ge=1)
     max_ttl_ms: int = Field(default=86_400_000, ge=1)
+    # Discovery: a larger `limit` is clamped to discover_max_limit (as the reference hub does), a larger
+    # `offset` is refused. Each registry shard looks for at most offset + limit + 1 matches.
     discover_default_limit: int = Field(default=100, ge=1)
-    discover_max_limit: int = Field(default=1000, ge=1)
-    max_discover_offset: int = Field(default=100_000, ge=0)
+    discover_max_limit: int = Field(default=100, ge=1)
+    max_discover_offset: int = Field(default=10_000, ge=0)
+    # The `actors` of one discovery reply encode to at most this (the spec's recommended message size);
+    # a page cut short says so with `hasMore` and a `count` below the limit.
+    max_discover_reply_bytes: int = Field(default=512 * KIB, ge=1 * KIB)
     max_pattern_length: int = Field(default=256, ge=1, le=4096)
     max_topic_length: int = Field(default=256, ge=1, le=4096)
     # Per registration: bounds what 50,000 registrations can cost a registry shard.

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import secrets
 import time
 from collections import deque
+from itertools import islice
 from typing import Any, Callable
 
 from actors.signal import contract as signal
@@ -24,6 +26,7 @@ from gateways.signal import codec
 from gateways.signal.auth import AuthError, Identity, TokenVerifier
 from gateways.signal.codec import Request, SignalError
 from gateways.signal.config import SignalHubConfig
+from gateways.signal.quota import Holdings
 from router.errors import CommandError, ShardUnavailable
 from router.patterns import PatternError, compile_pattern
 from router.ratelimit import TokenBucket
@@ -91,6 +94,8 @@ class SignalSession(DialectSession):
         self.in_flight = 0
         self.processed = 0
         self.failed = 0
+        self.registrations = Holdings(self.config.max_registrations_per_connection)
+        self.subscriptions = Holdings(self.config.max_subscriptions_per_connection)
         self._handlers: dict[str, Callable[[Request], None]] = {
             "hub:connect": self._connect,
             "hub:heartbeat": self._heartbeat,
@@ -279,11 +284,14 @@ class SignalSession(DialectSession):
         return SignalError(code, result.message, details or None)
 
     def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[[Any], dict | None],
-             reply_type: str) -> None:
-        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` in order."""
+             reply_type: str, settle: Callable[[Any], None] | None = None) -> None:
+        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` in order.
+        ``settle(result)`` first sees every answer, failures included (the quotas count them)."""
         slot = self._slot()
 
         def done(result: Any) -> None:
+            if settle is not None:
+                settle(result)
             if isinstance(result, (CommandError, ShardUnavailable)):
                 self._fill_error(slot, request, self._shard_failure(result, request))
                 return
@@ -300,14 +308,23 @@ class SignalSession(DialectSession):
         slot = self._slot()
 
         def collect(results: list) -> None:
-            failure = next((r for r in results if isinstance(r, (CommandError, ShardUnavailable))), None)
-            if failure is not None:
-                self._fill_error(slot, request, self._shard_failure(failure, request))
-            else:
+            if self._all_answered(slot, request, results):
                 self._fill(slot, codec.encode(reply_type, self.hub, request.sender, on_results(results),
                                               request.reply_id))
 
         self.shards.send_all(self.shards.all(kind), command, collect)
+
+    def _all_answered(self, slot: list, request: Request, results: list) -> bool:
+        """Whether every shard answered; if one failed, its error fills ``slot``."""
+        failure = next((r for r in results if isinstance(r, (CommandError, ShardUnavailable))), None)
+        if failure is not None:
+            self._fill_error(slot, request, self._shard_failure(failure, request))
+        return failure is None
+
+    def _over_quota(self, holdings: Holdings, what: str, undo: str) -> SignalError:
+        return SignalError(codec.RATE_LIMITED,
+                           f"This connection holds {holdings.limit} {what}, the limit; {undo} one first",
+                           {"limit": holdings.limit, "reason": f"{what}_per_connection"})
 
     # -- connection lifecycle -------------------------------------------------------------
 
@@ -395,6 +412,13 @@ class SignalSession(DialectSession):
         metadata = codec.object_field(payload, "metadata", config.max_metadata_bytes)
         ttl = min(codec.int_field(payload, "ttl", config.default_ttl_ms, 1, 2**53), config.max_ttl_ms)
         session_id = self.session_id
+        if not self.registrations.reserve(address, time.monotonic()):
+            raise self._over_quota(self.registrations, "registrations", "unregister")
+
+        def settle(result: Any) -> None:
+            # Counted until its TTL from now, which ends no sooner than the shard's own expiry.
+            until = None if isinstance(result, CommandError) else time.monotonic() + ttl / 1000
+            self.registrations.settle(address, until)
 
         def registered(registration: Any) -> dict:
             return {
@@ -406,16 +430,21 @@ class SignalSession(DialectSession):
 
         self._ask(request, REGISTRY, address,
                   signal.register(address, self.wire.id, session_id, capabilities, metadata, ttl),
-                  registered, "hub:registered")
+                  registered, "hub:registered", settle)
 
     def _unregister(self, request: Request) -> None:
         address = codec.address_field(request.payload, "actorAddress", request.sender)
+
+        def settle(result: Any) -> None:
+            # Refused (not registered, or by another connection) or done: this connection holds it no more.
+            if not isinstance(result, ShardUnavailable):
+                self.registrations.release(address)
 
         def unregistered(at: int) -> dict:
             return {"actorAddress": address, "unregisteredAt": at}
 
         self._ask(request, REGISTRY, address, signal.unregister(address, self.wire.id), unregistered,
-                  "hub:unregistered")
+                  "hub:unregistered", settle)
 
     def _renew(self, request: Request) -> None:
         payload = request.payload
@@ -423,10 +452,15 @@ class SignalSession(DialectSession):
         token = codec.string_field(payload, "renewalToken", 256)
         config = self.config
         ttl = min(codec.int_field(payload, "ttl", config.default_ttl_ms, 1, 2**53), config.max_ttl_ms)
+
+        def settle(result: Any) -> None:
+            if not isinstance(result, CommandError):
+                self.registrations.hold(address, time.monotonic() + ttl / 1000)
+
         self._ask(request, REGISTRY, address, signal.renew(address, self.wire.id, token, ttl),
                   lambda r: {"actorAddress": r.address, "expiresAt": r.expires_at,
                              "newRenewalToken": r.renewal_token},
-                  "hub:renewed")
+                  "hub:renewed", settle)
 
     # -- discovery ------------------------------------------------------------------------
 
@@ -449,20 +483,40 @@ class SignalSession(DialectSession):
         self._query(request, None, [], {})
 
     def _query(self, request: Request, pattern: str | None, capabilities: list[str], metadata: dict) -> None:
+        """Two steps, each bounded by the page: every registry shard answers the addresses of its first
+        offset + limit matches (no metadata); the owners of the page's addresses then describe them."""
         config = self.config
-        limit = codec.int_field(request.payload, "limit", config.discover_default_limit, 1, config.discover_max_limit)
-        offset = codec.int_field(request.payload, "offset", 0, 0, config.max_discover_offset)
-        window = offset + limit
+        payload = request.payload
+        limit = codec.clamped_int_field(payload, "limit", config.discover_default_limit, 1, config.discover_max_limit)
+        offset = codec.int_field(payload, "offset", 0, 0, config.max_discover_offset)
+        slot = self._slot()
+        shards = self.shards
 
-        def merge(results: list) -> dict:
+        def matched(results: list) -> None:
+            if not self._all_answered(slot, request, results):
+                return
             total = sum(count for count, _ in results)
-            ordered = heapq.merge(*(page for _, page in results), key=lambda r: r.address)
-            page = [r.describe() for _, r in zip(range(window), ordered)][offset:]
-            return {"actors": page, "count": len(page), "hasMore": offset + len(page) < total,
-                    "totalMatches": total}
+            page = list(islice(heapq.merge(*(addresses for _, addresses in results)), offset, offset + limit))
+            owners: dict[Any, list[str]] = {}
+            for address in page:
+                owners.setdefault(shards.link(REGISTRY, address), []).append(address)
+            shards.send_each([(link, signal.describe(addresses)) for link, addresses in owners.items()],
+                             lambda described: reply(total, page, described))
 
-        self._ask_all(request, REGISTRY, signal.discover(pattern, capabilities, metadata or None, window), merge,
-                      "hub:discovery_result")
+        def reply(total: int, page: list[str], results: list) -> None:
+            if not self._all_answered(slot, request, results):
+                return
+            entries = {entry["actorAddress"]: entry for described in results for entry in described}
+            # A registration gone between the two steps is left out.
+            actors = codec.fit([entries[address] for address in page if address in entries],
+                               config.max_discover_reply_bytes)
+            self._fill(slot, codec.encode("hub:discovery_result", self.hub, request.sender, {
+                "actors": actors, "count": len(actors), "hasMore": offset + len(actors) < total,
+                "totalMatches": total,
+            }, request.reply_id))
+
+        shards.send_all(shards.all(REGISTRY), signal.discover(pattern, capabilities, metadata or None, offset + limit),
+                        matched)
 
     # -- messaging ------------------------------------------------------------------------
 
@@ -517,20 +571,32 @@ class SignalSession(DialectSession):
         address = request.payload.get("actorAddress", request.sender)
         address = codec.normalize_address(address) or request.sender
 
+        if not self.subscriptions.reserve(topic, time.monotonic()):
+            raise self._over_quota(self.subscriptions, "subscriptions", "unsubscribe")
+
+        def settle(result: Any) -> None:
+            self.subscriptions.settle(topic, None if isinstance(result, CommandError) else math.inf)
+
         def subscribed(_: bool) -> dict:
             return {"topic": topic, "subscribedAt": now_ms()}
 
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, contract.subscribe(key, self.wire.id, address), subscribed, "hub:subscribed")
+        self._ask(request, TOPIC, key, contract.subscribe(key, self.wire.id, address), subscribed, "hub:subscribed",
+                  settle)
 
     def _unsubscribe(self, request: Request) -> None:
         topic = self._topic_of(request)
+
+        def settle(result: Any) -> None:
+            if not isinstance(result, ShardUnavailable):
+                self.subscriptions.release(topic)
 
         def unsubscribed(_: bool) -> dict:
             return {"topic": topic, "unsubscribedAt": now_ms()}
 
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, contract.unsubscribe(key, self.wire.id), unsubscribed, "hub:unsubscribed")
+        self._ask(request, TOPIC, key, contract.unsubscribe(key, self.wire.id), unsubscribed, "hub:unsubscribed",
+                  settle)
 
     def _publish(self, request: Request) -> None:
         topic = self._topic_of(request)

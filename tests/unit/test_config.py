@@ -88,7 +88,11 @@ def test_signal_defaults():
     assert signal.default_ttl_ms == 300_000
     assert signal.max_ttl_ms == 86_400_000
     assert signal.discover_default_limit == 100
-    assert signal.discover_max_limit == 1000
+    assert signal.discover_max_limit == 100
+    assert signal.max_discover_offset == 10_000
+    assert signal.max_discover_reply_bytes == 512 * 1024
+    assert signal.max_registrations_per_connection == 100
+    assert signal.max_subscriptions_per_connection == 1000
     assert signal.max_pattern_length == 256
     assert (signal.path, signal.port) == ("/signal", None)
     assert signal.auth.model_dump() == {

@@ -129,7 +129,7 @@ def test_expired_registration_is_invisible(registry):
     register(registry, "rt/a", location=A)
     later = T0 + TTL
     assert registry.lookup("rt/a", later) is None
-    assert registry.discover(later) == (0, [])
+    assert registry.discover(later, WINDOW) == (0, [])
     assert registry.broadcast_routes(later) == (0, {})
     assert registry.stats(later)["registrations"] == 0
 
@@ -324,10 +324,11 @@ def populated(registry) -> Registry:
 
 
 NOW = T0 + 10  # rt/old has just expired
+WINDOW = 100
 
 
 def test_discover_without_filters_returns_live_sorted(populated):
-    total, found = populated.discover(NOW)
+    total, found = populated.discover(NOW, WINDOW)
     assert total == 3
     assert addresses(found) == ["other/bot", "rt/chat-1", "rt/chat-2"]
 
@@ -344,16 +345,16 @@ def test_discover_without_filters_returns_live_sorted(populated):
     ],
 )
 def test_discover_by_pattern(populated, pattern, expected):
-    total, found = populated.discover(NOW, matcher=compile_pattern(pattern, 256))
+    total, found = populated.discover(NOW, WINDOW, matcher=compile_pattern(pattern, 256))
     assert total == len(expected)
     assert addresses(found) == expected
 
 
 def test_discover_requires_all_capabilities(populated):
-    assert addresses(populated.discover(NOW, capabilities=["send", "receive"])[1]) == ["other/bot", "rt/chat-1"]
-    assert addresses(populated.discover(NOW, capabilities=("broadcast",))[1]) == ["other/bot"]
-    assert addresses(populated.discover(NOW, capabilities=["send", "publish"])[1]) == []
-    assert populated.discover(NOW, capabilities=[])[0] == 3
+    assert addresses(populated.discover(NOW, WINDOW, capabilities=["send", "receive"])[1]) == ["other/bot", "rt/chat-1"]
+    assert addresses(populated.discover(NOW, WINDOW, capabilities=("broadcast",))[1]) == ["other/bot"]
+    assert addresses(populated.discover(NOW, WINDOW, capabilities=["send", "publish"])[1]) == []
+    assert populated.discover(NOW, WINDOW, capabilities=[])[0] == 3
 
 
 @pytest.mark.parametrize(
@@ -377,26 +378,68 @@ def test_discover_requires_all_capabilities(populated):
     ],
 )
 def test_discover_by_metadata_uses_json_equality(populated, wanted, expected):
-    total, found = populated.discover(NOW, metadata=wanted)
+    total, found = populated.discover(NOW, WINDOW, metadata=wanted)
     assert total == len(expected)
     assert addresses(found) == expected
 
 
 def test_discover_combines_criteria(populated):
     total, found = populated.discover(
-        NOW, matcher=compile_pattern("chat", 256), capabilities=["receive"], metadata={"region": "eu"}
+        NOW, WINDOW, matcher=compile_pattern("chat", 256), capabilities=["receive"], metadata={"region": "eu"}
     )
     assert (total, addresses(found)) == (1, ["rt/chat-1"])
 
 
-def test_discover_window_keeps_total(registry):
+def test_discover_window_counts_one_match_beyond_it(registry):
     for name in ("rt/d", "rt/b", "rt/a", "rt/c"):
         register(registry, name, location=A)
-    total, found = registry.discover(T0, window=2)
-    assert total == 4
-    assert addresses(found) == ["rt/a", "rt/b"]
-    assert registry.discover(T0, window=0) == (4, [])
-    assert addresses(registry.discover(T0, window=10)[1]) == ["rt/a", "rt/b", "rt/c", "rt/d"]
+    # Exact up to the window; window + 1 says "more than the window" without counting them all.
+    assert registry.discover(T0, 2) == (3, [registry.lookup("rt/a", T0), registry.lookup("rt/b", T0)])
+    assert registry.discover(T0, 0) == (1, [])
+    assert addresses(registry.discover(T0, 3)[1]) == ["rt/a", "rt/b", "rt/c"]
+    assert registry.discover(T0, 3)[0] == 4
+    assert registry.discover(T0, 4)[0] == 4
+    assert registry.discover(T0, 10)[0] == 4
+
+
+class CountingMatcher:
+    """A real pattern that counts the addresses it was asked about."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = compile_pattern(pattern, 256)
+        self.asked = 0
+
+    def search(self, address: str):
+        self.asked += 1
+        return self.pattern.search(address)
+
+
+def test_discover_walks_only_as_far_as_the_window(registry):
+    """The issue: every discover matched and sorted the whole registry and shipped offset + limit
+    full registrations per shard; now the walk is in address order and stops after the window."""
+    for i in reversed(range(90)):
+        register(registry, f"rt/{i:02d}", location=A)
+    matcher = CountingMatcher("^rt/")
+    count, found = registry.discover(T0, 5, matcher)
+    assert (count, addresses(found)) == (6, ["rt/00", "rt/01", "rt/02", "rt/03", "rt/04"])
+    assert matcher.asked == 6
+    # Filters that reject entries still look at each one on the way, and no further than needed.
+    odd = CountingMatcher("[13579]$")
+    count, found = registry.discover(T0, 3, odd)
+    assert (count, addresses(found)) == (4, ["rt/01", "rt/03", "rt/05"])
+    assert odd.asked == 8
+
+
+def test_discover_order_survives_unregister_purge_and_sweep(registry):
+    for name in ("rt/e", "rt/a", "rt/d"):
+        register(registry, name, location=A)
+    register(registry, "rt/c", location=B, ttl=10)
+    register(registry, "rt/b", location=C)
+    registry.unregister("rt/d", A, T0)
+    assert registry.sweep(T0 + 10) == 1
+    registry.purge_connection(C)
+    register(registry, "rt/bb", location=B)
+    assert addresses(registry.discover(T0 + 10, WINDOW)[1]) == ["rt/a", "rt/bb", "rt/e"]
 
 
 # -- broadcast routes -----------------------------------------------------------------------
@@ -439,7 +482,7 @@ def test_purge_gateway(registry):
     register(registry, "rt/c", location=B)
     kept = register(registry, "rt/d", location=C)
     assert registry.purge_gateway("g1") == 2  # connections, not addresses
-    assert registry.discover(T0) == (1, [kept])
+    assert registry.discover(T0, WINDOW) == (1, [kept])
     assert registry.stats(T0) == {"registrations": 1, "connections": 1}
     assert registry.purge_gateway("g1") == 0
     assert registry.purge_gateway("nope") == 0

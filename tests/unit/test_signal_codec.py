@@ -12,9 +12,11 @@ from gateways.signal.codec import (
     Request,
     SignalError,
     address_field,
+    clamped_int_field,
     decode,
     encode,
     encode_error,
+    fit,
     int_field,
     invalid,
     is_expired,
@@ -390,6 +392,37 @@ def test_int_field_refusals(value):
     assert error.code == "internal_error"
     assert error.message == "payload.limit must be an integer from 1 to 100"
     assert error.details == {"reason": "invalid_message", "field": "payload.limit"}
+
+
+def test_clamped_int_field():
+    assert clamped_int_field({}, "limit", 10, 1, 100) == 10
+    assert clamped_int_field({"limit": 1}, "limit", 10, 1, 100) == 1
+    assert clamped_int_field({"limit": 100}, "limit", 10, 1, 100) == 100
+    # Above the maximum it is the maximum (a page of discover_max_limit), not an error.
+    assert clamped_int_field({"limit": 101}, "limit", 10, 1, 100) == 100
+    value = clamped_int_field({"limit": 1e300}, "limit", 10, 1, 100)
+    assert value == 100 and type(value) is int
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "5", [5]])
+def test_clamped_int_field_refusals(value):
+    error = refused_field(clamped_int_field, {"limit": value}, "limit", 10, 1, 100)
+    assert error.code == "internal_error"
+    assert error.message == "payload.limit must be an integer of at least 1"
+    assert error.details == {"reason": "invalid_message", "field": "payload.limit"}
+
+
+def test_fit_keeps_the_longest_prefix_within_the_bytes():
+    items = [{"a": "x" * 10}, {"b": 1}, {"c": [1, 2]}]  # 18, 7 and 11 bytes
+    assert len(orjson.dumps(items)) == 1 + 18 + 1 + 7 + 1 + 11 + 1
+    assert fit(items, 40) == items
+    assert fit(items, 39) == items[:2]
+    assert len(orjson.dumps(items[:2])) == 28
+    assert fit(items, 28) == items[:2]
+    assert fit(items, 27) == items[:1]
+    # The first item always goes, so a page never stalls on one large entry.
+    assert fit(items, 1) == items[:1]
+    assert fit([], 1) == []
 
 
 def test_string_list_field():
