@@ -73,6 +73,9 @@ class Wire(Protocol):
 
     def close(self, code: int = 1000, reason: str = "") -> None: ...
 
+    def ping(self) -> None:
+        """A WebSocket ping: the client's pong (any bytes) moves ``last_activity``."""
+
     def outbound_bytes(self) -> int: ...
 
     @property

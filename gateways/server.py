@@ -274,6 +274,12 @@ class Connection(asyncio.Protocol):
             self.closing_since = time.monotonic()
             self._write_out(ws.data_to_send())
 
+    def ping(self) -> None:
+        ws = self.ws
+        if ws is not None and ws.state is OPEN:
+            ws.send_ping(b"")
+            self._write_out(ws.data_to_send())
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
