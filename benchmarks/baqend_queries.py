@@ -142,7 +142,10 @@ def main() -> None:
                     "query": args.query_shards},
             signal={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False},
             analytics={"enabled": args.eventlog == "on"},
-            baqend={"max_subscriptions": args.queries})
+            # One client (this address) holds every query and floods REST: lift the per-client limits.
+            baqend={"max_subscriptions": args.queries, "max_client_subscriptions": args.queries,
+                    "rest_rate_limit_per_minute": 6_000_000, "rest_rate_limit_burst": 100_000,
+                    "subscribe_rate_limit_per_minute": 6_000_000, "subscribe_rate_limit_burst": 100_000})
         router = Router(settings)
         try:
             port = router.start()[0]["listeners"][0]["port"]

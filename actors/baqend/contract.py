@@ -19,6 +19,7 @@ class Op:
     SCAN = "baqend.scan"
     # query shards
     SUBSCRIBE = "baqend.subscribe"
+    PAGE = "baqend.page"
     LOAD = "baqend.load"
     UNSUBSCRIBE = "baqend.unsubscribe"
     WRITES = "baqend.writes"  # from document shards
@@ -58,16 +59,20 @@ def get(bucket: str, key: str, principals: frozenset = frozenset()) -> tuple:
     return (Op.GET, bucket, key, principals)
 
 
-def scan(bucket: str, query: Any = None) -> tuple:
-    """Answers a :class:`Scan` of the shard's matching documents."""
-    return (Op.SCAN, bucket, query)
+def scan(bucket: str, query: Any = None, after: str | None = None) -> tuple:
+    """Answers a :class:`Scan`: one page of the shard's matching documents with ids above ``after``."""
+    return (Op.SCAN, bucket, query, after)
 
 
 class Scan(NamedTuple):
+    """One page of a document shard's scan: the matching documents of its ids up to ``upto``."""
+
     source: int  # the document shard's index
     epoch: str
     seq: int  # the last write the documents include
     documents: list
+    upto: str | None  # the last id the page covers (scan on after it); None: the shard is done
+    nbytes: int  # the documents' stored size
 
 
 class Write(NamedTuple):
@@ -88,9 +93,16 @@ def subscribe(key: str, connection_id: int, sub_id: str, spec: Any, principals: 
     return (Op.SUBSCRIBE, key, connection_id, sub_id, spec, principals)
 
 
-def load(key: str, scans: list[Scan]) -> tuple:
-    """Build the query from every document shard's scan; answers True (False if it is gone)."""
-    return (Op.LOAD, key, scans)
+def page(key: str, scan: Scan) -> tuple:
+    """One page of a document shard's scan for a loading query, in the shard's page order;
+    answers True (False if it is gone or already loaded)."""
+    return (Op.PAGE, key, scan)
+
+
+def load(key: str) -> tuple:
+    """Every document shard's pages are in: build the query and send its result; answers True
+    (False if it is gone)."""
+    return (Op.LOAD, key)
 
 
 def unsubscribe(key: str) -> tuple:

@@ -14,7 +14,7 @@ import uuid
 from abc import ABC, abstractmethod
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import orjson
 
@@ -320,7 +320,8 @@ class DocumentStore(ABC):
     def load(self, oid: str) -> Document | None: ...
 
     @abstractmethod
-    def scan(self, bucket: str) -> Iterator[Document]: ...
+    def rows(self, bucket: str, after: str | None, limit: int) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` stored ``(id, body)`` of ``bucket`` with ids above ``after``, in id order."""
 
     @abstractmethod
     def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
@@ -332,23 +333,23 @@ class DocumentStore(ABC):
 
 class MemoryDocumentStore(DocumentStore):
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[str, bytes]] = {}
+        self.rows_by_id: dict[str, tuple[str, bytes]] = {}
 
     def load(self, oid: str) -> Document | None:
-        row = self.rows.get(oid)
+        row = self.rows_by_id.get(oid)
         return None if row is None else orjson.loads(row[1])
 
-    def scan(self, bucket: str) -> Iterator[Document]:
-        for row_bucket, body in list(self.rows.values()):
-            if row_bucket == bucket:
-                yield orjson.loads(body)
+    def rows(self, bucket: str, after: str | None, limit: int) -> list[tuple[str, bytes]]:
+        found = sorted((oid, body) for oid, (row_bucket, body) in self.rows_by_id.items()
+                       if row_bucket == bucket and (after is None or oid > after))
+        return found[:limit]
 
     def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
         for oid, bucket, body in rows:
             if body is None:
-                self.rows.pop(oid, None)
+                self.rows_by_id.pop(oid, None)
             else:
-                self.rows[oid] = (bucket, body)
+                self.rows_by_id[oid] = (bucket, body)
 
 
 class SqliteDocumentStore(DocumentStore):
@@ -359,15 +360,17 @@ class SqliteDocumentStore(DocumentStore):
         self._db = open_wal(path)
         self._db.execute("CREATE TABLE IF NOT EXISTS documents "
                          "(id TEXT PRIMARY KEY, bucket TEXT NOT NULL, body BLOB NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS documents_bucket ON documents (bucket)")
+        # Pages of a bucket in id order: (bucket, id) serves both the filter and the order.
+        self._db.execute("CREATE INDEX IF NOT EXISTS documents_bucket_id ON documents (bucket, id)")
+        self._db.execute("DROP INDEX IF EXISTS documents_bucket")  # its prefix, from before pages
 
     def load(self, oid: str) -> Document | None:
         row = self._db.execute("SELECT body FROM documents WHERE id = ?", (oid,)).fetchone()
         return None if row is None else orjson.loads(row[0])
 
-    def scan(self, bucket: str) -> Iterator[Document]:
-        for (body,) in self._db.execute("SELECT body FROM documents WHERE bucket = ?", (bucket,)).fetchall():
-            yield orjson.loads(body)
+    def rows(self, bucket: str, after: str | None, limit: int) -> list[tuple[str, bytes]]:
+        return self._db.execute("SELECT id, body FROM documents WHERE bucket = ? AND id > ? ORDER BY id LIMIT ?",
+                                (bucket, after or "", limit)).fetchall()
 
     def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
         with write_transaction(self._db) as db:
@@ -386,6 +389,14 @@ class SqliteDocumentStore(DocumentStore):
 # -- the table -------------------------------------------------------------------------------------
 
 Write = tuple[Document | None, Document | None]  # (before image, after image)
+
+
+class Page(NamedTuple):
+    """One call's part of a bucket scan: the documents, the last id covered, their stored bytes."""
+
+    documents: list[Document]
+    upto: str | None  # None: nothing after this page
+    nbytes: int
 
 
 class DocumentTable:
@@ -415,16 +426,37 @@ class DocumentTable:
             return pending[1]
         return self.store.load(oid)
 
-    def scan(self, bucket: str, keep: Callable[[Document], bool] = lambda d: True) -> list[Document]:
-        found: dict[str, Document] = {}
-        for document in self.store.scan(bucket):
-            oid = document["id"]
-            if oid not in self._pending and self.owns(oid) and keep(document):
-                found[oid] = document
-        for oid, (row_bucket, document, _) in self._pending.items():
-            if row_bucket == bucket and document is not None and keep(document):
-                found[oid] = document
-        return list(found.values())
+    def scan(self, bucket: str, keep: Callable[[Document], bool] = lambda d: True, after: str | None = None,
+             max_rows: int = 1000, max_bytes: int = 1 << 20) -> Page:
+        """One page of the bucket's documents that ``keep`` accepts, ids above ``after`` in id order.
+
+        At most ``max_rows`` stored rows are read, and the documents stop before ``max_bytes`` of
+        bodies (a page has at least one, so it always moves on). Writes not yet committed are
+        seen as they will be stored. ``upto`` is the last id the page covers, None at the end.
+        """
+        rows = self.store.rows(bucket, after, max_rows)
+        upto = rows[-1][0] if len(rows) == max_rows else None  # below it the store was read whole
+        candidates: dict[str, tuple[Document | None, bytes | None]] = {
+            oid: (None, body) for oid, body in rows if self.owns(oid)}
+        for oid, (row_bucket, document, body) in self._pending.items():
+            if row_bucket == bucket and (after is None or oid > after) and (upto is None or oid <= upto):
+                candidates[oid] = (document, body)
+        documents: list[Document] = []
+        size, examined = 0, after
+        for oid in sorted(candidates):
+            document, body = candidates[oid]
+            if body is None:  # deleted, not yet committed
+                examined = oid
+                continue
+            if document is None:
+                document = orjson.loads(body)
+            if keep(document):
+                if documents and size + len(body) > max_bytes:
+                    return Page(documents, examined, size)
+                documents.append(document)
+                size += len(body)
+            examined = oid
+        return Page(documents, upto, size)
 
     def commit(self) -> None:
         if not self._pending:

@@ -9,16 +9,18 @@ Consistency of the initial result with the stream of writes. A document shard st
 it forwards with ``(source, epoch, seq)``: its index, a random id of its incarnation, and a counter
 of its writes. Writes of one source arrive here in ``seq`` order (Ray runs one caller's calls to a
 synchronous actor in submission order). A subscription is registered first (:meth:`add`: writes
-for it are buffered from then on); then the gateway scans every document shard, each scan
-answering with its documents and the ``(epoch, seq)`` of its last write; :meth:`load` builds the
-query from the scans and replays the buffered writes the scans did not include (``seq`` above the
-scan's), and remembers to skip the writes the scans did include but that are still on their way.
-So the result is exactly the database as of the writes this shard has seen, and every later write
-is applied once. Pure: no Ray, no I/O.
+for it are buffered from then on); then the gateway scans every document shard page by page
+(bounded work per call), each page answering with the documents of an id range and the
+``(epoch, seq)`` of the shard's last write when it was read, and hands the pages here
+(:meth:`page`); :meth:`load` builds the query from them and replays the buffered writes the page
+of their document did not include (``seq`` above that page's), and remembers to skip the writes a
+page did include but that are still on their way. So the result is exactly the database as of the
+writes this shard has seen, and every later write is applied once. Pure: no Ray, no I/O.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -50,6 +52,38 @@ class QuerySpec:
                              documents, visible=visible)
 
 
+class Coverage:
+    """What a source's scan pages include: page ``i`` covers the ids up to ``uptos[i]`` (the
+    last page: all the rest) as of ``stamps[i]``. Pages come in id order, each read later."""
+
+    __slots__ = ("uptos", "stamps", "top")
+
+    def __init__(self) -> None:
+        self.uptos: list[str] = []
+        self.stamps: list[Stamp] = []
+        self.top: dict[str, int] = {}  # epoch -> the highest seq a page of it includes
+
+    def add(self, upto: str | None, stamp: Stamp) -> None:
+        if upto is not None:
+            self.uptos.append(upto)
+        self.stamps.append(stamp)
+        epoch, seq = stamp
+        self.top[epoch] = max(seq, self.top.get(epoch, seq))
+
+    def stamp_of(self, oid: str) -> Stamp | None:
+        """The stamp of the page that covers ``oid`` (None if no page does)."""
+        index = bisect_left(self.uptos, oid)
+        return self.stamps[index] if index < len(self.stamps) else None
+
+    def covers(self, oid: str, epoch: str, seq: int) -> bool:
+        """Whether the page of ``oid`` already includes its write ``(epoch, seq)``."""
+        return _covered(self.stamp_of(oid), epoch, seq)
+
+    def passed(self, epoch: str, seq: int) -> bool:
+        """Whether no page includes a write of that epoch after ``(epoch, seq)``."""
+        return seq >= self.top.get(epoch, -1)
+
+
 @dataclass(slots=True)
 class LiveQuery:
     key: str
@@ -58,8 +92,10 @@ class LiveQuery:
     spec: QuerySpec
     visible: Callable | None
     query: RealtimeQuery | None = None  # None while loading
+    documents: list = field(default_factory=list)  # the pages' documents, while loading
+    pages: dict[int, Coverage] = field(default_factory=dict)  # source -> its pages, while loading
     buffer: list[tuple[int, str, Write]] = field(default_factory=list)
-    skip: dict[int, Stamp] = field(default_factory=dict)  # source -> writes up to here are in the result
+    skip: dict[int, Coverage] = field(default_factory=dict)  # source -> pages whose writes may still arrive
 
 
 def index_term(query: Any) -> tuple[str, Any] | None:
@@ -158,8 +194,22 @@ class QueryTable:
         self.by_connection.setdefault(route, set()).add(key)
         return True
 
-    def load(self, key: str, scans: list[Scan]) -> list[Output] | None:
-        """Build the query from every document shard's ``(source, epoch, seq, documents)``.
+    def page(self, key: str, scan: Scan) -> bool:
+        """Take one page of a source's scan (pages of a source come in id order). False if the
+        query is gone (unsubscribed meanwhile) or already loaded."""
+        live = self.queries.get(key)
+        if live is None or live.query is not None:
+            return False
+        source, epoch, seq, documents, upto, _ = scan
+        live.documents.extend(documents)
+        coverage = live.pages.get(source)
+        if coverage is None:
+            coverage = live.pages[source] = Coverage()
+        coverage.add(upto, (epoch, seq))
+        return True
+
+    def load(self, key: str) -> list[Output] | None:
+        """Build the query from its pages (every document shard's, each to its end).
 
         Returns the outputs to deliver (the ``result`` when asked for), or None if the query is
         gone (unsubscribed meanwhile) or already loaded.
@@ -167,17 +217,18 @@ class QueryTable:
         live = self.queries.get(key)
         if live is None or live.query is not None:
             return None
-        documents = [document for _, _, _, found in scans for document in found]
-        query = live.spec.build(documents, live.visible)
-        horizon = {source: (epoch, seq) for source, epoch, seq, _ in scans}
+        query = live.spec.build(live.documents, live.visible)
+        live.documents = []
+        pages, live.pages = live.pages, {}
         for source, epoch, item in live.buffer:
-            if not _covered(horizon.get(source), epoch, item.seq):
+            coverage = pages.get(source)
+            if coverage is None or not coverage.covers(_object_id(item.before, item.after), epoch, item.seq):
                 query.changes(item.before, item.after, item.operation)  # folded into the result, not sent
         live.buffer = []
-        for source, stamp in horizon.items():
+        for source, coverage in pages.items():
             seen = self.received.get(source)
-            if seen is None or not _covered(seen, *stamp):
-                live.skip[source] = stamp
+            if seen is None or any(not _covered(seen, epoch, seq) for epoch, seq in coverage.top.items()):
+                live.skip[source] = coverage
         live.query = query
         if not live.spec.initial:
             return []
@@ -231,11 +282,12 @@ class QueryTable:
                     live.buffer.append((source, epoch, item))
                     continue
                 if live.skip:
-                    stamp = live.skip.get(source)
-                    if stamp is not None:
-                        if _covered(stamp, epoch, seq):
+                    coverage = live.skip.get(source)
+                    if coverage is not None:
+                        if coverage.covers(_object_id(before, after), epoch, seq):
                             continue
-                        del live.skip[source]
+                        if coverage.passed(epoch, seq):
+                            del live.skip[source]
                 events = query.apply(before, after, operation)
                 if events:
                     self.events += len(events)
@@ -247,6 +299,10 @@ class QueryTable:
                 "connections": len(self.by_connection), "writes": self.writes, "events": self.events}
 
 
+def _object_id(before: Any, after: Any) -> str:
+    return (after if after is not None else before)["id"]
+
+
 def _covered(stamp: Stamp | None, epoch: str, seq: int) -> bool:
     """Whether a scan with ``stamp`` already includes the write ``(epoch, seq)`` of its source."""
     if stamp is None:
@@ -255,4 +311,4 @@ def _covered(stamp: Stamp | None, epoch: str, seq: int) -> bool:
     return stamp_epoch == epoch and seq <= stamp_seq
 
 
-__all__ = ["Event", "LiveQuery", "QuerySpec", "QueryTable"]
+__all__ = ["Coverage", "Event", "LiveQuery", "QuerySpec", "QueryTable"]

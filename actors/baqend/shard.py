@@ -38,6 +38,10 @@ class BaqendDocuments(Component):
                                    max_document_bytes=self.settings.baqend.max_document_bytes)
         self._seq = 0
         self._forward: list[Write] = []
+        self._max_scan_documents = self.settings.baqend.max_scan_documents
+        self._max_scan_bytes = self.settings.baqend.max_scan_bytes
+        self._scan_pages = 0
+        self._page_max_documents = self._page_max_bytes = 0  # the largest pages served (stats)
         self._forward_timeout_s = self.settings.baqend.request_timeout_s / 2
         self._query_shards: list[Any] | None = None
 
@@ -80,13 +84,20 @@ class BaqendDocuments(Component):
             raise CommandError(NOT_FOUND, f"the object {oid} does not exist")
         return document
 
-    def scan(self, gateway_id: str, bucket: str, query: Any = None) -> Scan:
-        """The bucket's matching documents, and the stamp of the last write they include."""
+    def scan(self, gateway_id: str, bucket: str, query: Any = None, after: str | None = None) -> Scan:
+        """One page of the bucket's matching documents (ids above ``after``; bounded rows and
+        bytes, so one call never holds the shard long nor fills a lane frame), and the stamp of
+        the last write they include."""
         try:
             keep = compile_query(query or {})
         except QueryError as error:
             raise CommandError("bad_request", str(error)) from None
-        return Scan(self.shard.index, self.shard.epoch, self._seq, self.table.scan(bucket, keep))
+        documents, upto, nbytes = self.table.scan(bucket, keep, after, self._max_scan_documents,
+                                                  self._max_scan_bytes)
+        self._scan_pages += 1
+        self._page_max_documents = max(self._page_max_documents, len(documents))
+        self._page_max_bytes = max(self._page_max_bytes, nbytes)
+        return Scan(self.shard.index, self.shard.epoch, self._seq, documents, upto, nbytes)
 
     def after_batch(self) -> None:
         if self.table.dirty:
@@ -114,7 +125,8 @@ class BaqendDocuments(Component):
         return self._query_shards
 
     def stats(self) -> dict[str, Any]:
-        return {"writes": self.table.writes, "seq": self._seq}
+        return {"writes": self.table.writes, "seq": self._seq, "scan_pages": self._scan_pages,
+                "scan_page_max_documents": self._page_max_documents, "scan_page_max_bytes": self._page_max_bytes}
 
 
 class BaqendQueries(Component):
@@ -128,14 +140,17 @@ class BaqendQueries(Component):
         self.table = QueryTable()
 
     def operations(self) -> dict[str, Handler]:
-        return {Op.SUBSCRIBE: self.subscribe, Op.LOAD: self.load, Op.UNSUBSCRIBE: self.unsubscribe,
-                Op.WRITES: self.writes}
+        return {Op.SUBSCRIBE: self.subscribe, Op.PAGE: self.page, Op.LOAD: self.load,
+                Op.UNSUBSCRIBE: self.unsubscribe, Op.WRITES: self.writes}
 
     def subscribe(self, gateway_id, key, connection_id, sub_id, spec, principals=frozenset()) -> bool:
         return self.table.add(key, (gateway_id, connection_id), sub_id, spec, reader(frozenset(principals)))
 
-    def load(self, gateway_id: str, key: str, scans: list) -> bool:
-        outputs = self.table.load(key, scans)
+    def page(self, gateway_id: str, key: str, scan: Scan) -> bool:
+        return self.table.page(key, scan)
+
+    def load(self, gateway_id: str, key: str) -> bool:
+        outputs = self.table.load(key)
         if outputs is None:
             return False
         self._deliver(outputs)

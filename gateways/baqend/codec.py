@@ -8,6 +8,7 @@ level because the SDK reads it there (baqend-notes.md).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,10 +21,13 @@ from actors.baqend.documents import check_nesting
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
 from router.errors import CommandError
+from router.ratelimit import TokenBucket
 
 MAX_ID_LENGTH = 256
 BUCKET = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,127}")
 TOO_MANY = "Too Many Requests"
+PAYLOAD_TOO_LARGE = "Payload Too Large"
+UNAUTHORIZED = "Unauthorized"
 
 
 class ProtocolError(Exception):
@@ -126,14 +130,37 @@ def too_many(limit: int, sub_id: str) -> ProtocolError:
     return ProtocolError(f"Too many active subscriptions (only {limit} allowed)!", 429, TOO_MANY, sub_id)
 
 
+def too_many_for_client(limit: int, sub_id: str) -> ProtocolError:
+    return ProtocolError(f"Too many active subscriptions for this client (only {limit} allowed)!", 429, TOO_MANY,
+                         sub_id)
+
+
+def subscribing_too_fast(per_minute: float, wait_s: float, sub_id: str) -> ProtocolError:
+    return ProtocolError(f"Too many subscribe requests: at most {per_minute:g} a minute; try again in "
+                         f"{TokenBucket.retry_after_ms(wait_s)} ms", 429, TOO_MANY, sub_id)
+
+
+def query_too_large(sub_id: str, documents: int | None = None, nbytes: int | None = None) -> ProtocolError:
+    """A query matching more documents (or bytes of them) than it may hold: refused while it loads."""
+    if documents is not None:
+        what = f"The query matches more than {documents} documents (the limit)"
+    else:
+        what = f"The query's documents exceed {nbytes} bytes (the limit)"
+    return ProtocolError(f"{what}: narrow the query", 413, PAYLOAD_TOO_LARGE, sub_id)
+
+
+def token_expired(sub_id: str | None = None) -> ProtocolError:
+    return ProtocolError("Invalid token: expired", 401, UNAUTHORIZED, sub_id)
+
+
 # -- REST -------------------------------------------------------------------------------------------
 
 REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
            405: "Method Not Allowed", 412: "Precondition Failed", 413: "Payload Too Large", 415: "Unsupported Media Type",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+           429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 CLASS_NAMES = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "ObjectNotFound",
-               409: "ObjectExists", 412: "ObjectOutOfDate", 413: "PayloadTooLarge", 500: "InternalError",
-               503: "Unavailable"}
+               409: "ObjectExists", 412: "ObjectOutOfDate", 413: "PayloadTooLarge", 429: "TooManyRequests",
+               500: "InternalError", 503: "Unavailable"}
 
 
 def error_body(status: int, message: str) -> bytes:
@@ -142,10 +169,18 @@ def error_body(status: int, message: str) -> bytes:
 
 
 class RestError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or []
+
+
+def rest_too_fast(per_minute: float, wait_s: float) -> RestError:
+    """429, with the whole seconds until a request would be taken again in ``Retry-After``."""
+    retry_after = max(1, math.ceil(wait_s))
+    return RestError(429, f"Too many requests: at most {per_minute:g} a minute; try again later",
+                     [("Retry-After", str(retry_after))])
 
 
 def parse_object_path(rest: str, max_key_length: int) -> tuple[str, str | None]:

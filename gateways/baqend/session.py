@@ -3,9 +3,14 @@
 A write (REST) goes to the document shard owning its id, which checks and stores it and forwards
 its (before, after) images to every query shard; the REST answer is the stored object. A
 subscription is registered on the query shard owning its key (writes for it are buffered from
-then on), then every document shard is scanned, then the query shard builds the query from the
-scans and sends the ``result`` (see :mod:`actors.baqend.livequeries`). Every ``result`` and ``match``
-reaches the connection as a ``DELIVER_EVENT`` payload; this module writes the frames.
+then on), then every document shard is scanned page by page, each page handed on to the query
+shard, then the query shard builds the query from the pages and sends the ``result`` (see
+:mod:`actors.baqend.livequeries`). Every ``result`` and ``match`` reaches the connection as a
+``DELIVER_EVENT`` payload; this module writes the frames.
+
+What one client may ask is bounded here (:mod:`gateways.baqend.limits`): REST requests and
+subscribes per minute, live subscriptions, the documents a query may load; a subscription ends
+when its token expires, and a quiet connection is pinged and closed when it stops answering.
 """
 
 from __future__ import annotations
@@ -13,14 +18,15 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jwt
 import orjson
 
 from actors.baqend.documents import BAD_REQUEST, EXISTS, FORBIDDEN, NOT_FOUND, PRECONDITION_FAILED, new_key, principals_of
 from gateways.baqend import codec
-from gateways.baqend.codec import ProtocolError, RestError, Subscribe
+from gateways.baqend.codec import UNAUTHORIZED, ProtocolError, RestError, Subscribe
+from gateways.baqend.limits import ClientCounts, ClientRates, address_client, subject_client
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
 from gateways.baqend.config import BaqendConfig
 from router.errors import CommandError, ShardUnavailable
@@ -31,10 +37,20 @@ from router import contract
 logger = logging.getLogger(__name__)
 
 DIALECT = "baqend"
-UNAUTHORIZED = "Unauthorized"
 _STATUS = {NOT_FOUND: 404, PRECONDITION_FAILED: 412, EXISTS: 409, BAD_REQUEST: 400, FORBIDDEN: 403,
            "internal_error": 500}
 _keys = itertools.count(1)
+
+
+class Identity(NamedTuple):
+    """Who a request speaks for."""
+
+    principals: frozenset[str]  # what the documents' acl rules are checked against
+    subject: str | None  # the token's `sub`: the client its requests count against
+    expires: float | None  # epoch seconds after which the token is refused (its `exp` plus the leeway)
+
+
+ANONYMOUS = Identity(frozenset(), None, None)
 
 
 class TokenValidator:
@@ -47,15 +63,17 @@ class TokenValidator:
         self._audience = config.audience
         self._leeway = config.leeway_s
 
-    def principals(self, token: str) -> frozenset[str]:
+    def identity(self, token: str) -> Identity:
         try:
             claims = jwt.decode(token, self._key, algorithms=self._algorithms, options={"require": ["exp"]},
                                 issuer=self._issuer, audience=self._audience, leeway=self._leeway)
         except jwt.ExpiredSignatureError:
-            raise ProtocolError("Invalid token: expired", 401, UNAUTHORIZED) from None
+            raise codec.token_expired() from None
         except jwt.InvalidTokenError as error:
             raise ProtocolError(f"Invalid token: {error}", 401, UNAUTHORIZED) from None
-        return principals_of(claims)
+        subject = claims.get("sub")
+        return Identity(principals_of(claims), subject if isinstance(subject, str) and subject else None,
+                        float(claims["exp"]) + self._leeway)
 
 
 def _json(status: int, body: Any, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
@@ -66,8 +84,8 @@ def _object(status: int, document: dict[str, Any]) -> HttpResponse:
     return _json(status, document, [("ETag", f'"{document["version"]}"')])
 
 
-def _error(status: int, message: str) -> HttpResponse:
-    return HttpResponse(status, codec.error_body(status, message))
+def _error(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
+    return HttpResponse(status, codec.error_body(status, message), headers=headers or [])
 
 
 class BaqendDialect(Dialect):
@@ -77,22 +95,28 @@ class BaqendDialect(Dialect):
         super().__init__(gateway)
         self.config = config
         self.validator = TokenValidator(config.auth) if config.auth.enabled else None
+        self.rest_rates = ClientRates(config.rest_rate_limit_per_minute, config.rest_rate_limit_burst)
+        self.subscribe_rates = ClientRates(config.subscribe_rate_limit_per_minute, config.subscribe_rate_limit_burst)
+        self.client_subscriptions = ClientCounts(config.max_client_subscriptions)
         self.results = 0
         self.matches = 0
         self.writes = 0
+        # refusals and closes of the limits, by what was refused
+        self.limited = {"rest_rate": 0, "subscribe_rate": 0, "client_subscriptions": 0, "query_too_large": 0,
+                        "token_expired": 0, "idle": 0}
 
     def new_session(self, wire: Wire, request_headers: Any) -> "BaqendSession":
         return BaqendSession(self, wire)
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "subscriptions": sum(len(s.subs) for s in self.sessions),
-                "results": self.results, "matches": self.matches, "writes": self.writes}
+                "results": self.results, "matches": self.matches, "writes": self.writes, "limited": self.limited}
 
-    def principals(self, token: str | None) -> frozenset[str]:
+    def identity(self, token: str | None) -> Identity:
         """Anonymous (public documents only) without a token or without a configured validator."""
         if token is None or self.validator is None:
-            return frozenset()
-        return self.validator.principals(token)
+            return ANONYMOUS
+        return self.validator.identity(token)
 
     # -- REST ---------------------------------------------------------------------------------------
 
@@ -104,31 +128,45 @@ class BaqendDialect(Dialect):
         ]
 
     async def _connect(self, request: HttpRequest) -> HttpResponse:
+        try:
+            self._rest_identity(request)
+        except RestError as error:
+            return _error(error.status, error.message, error.headers)
         return _json(200, {"schema": self.config.schema_, "bloomFilterRefresh": 60})
 
     async def _objects(self, request: HttpRequest) -> HttpResponse:
         base = "" if self.config.rest_path == "/" else self.config.rest_path
         rest = request.path[len(base) + len("/db"):].lstrip("/")
         try:
+            identity = self._rest_identity(request)
             bucket, key = codec.parse_object_path(rest, self.config.max_key_length)
-            principals = self._request_principals(request)
-            return await self._object_request(request, bucket, key, principals)
+            return await self._object_request(request, bucket, key, identity.principals)
         except RestError as error:
-            return _error(error.status, error.message)
+            return _error(error.status, error.message, error.headers)
         except CommandError as error:
             return _error(_STATUS.get(error.code, 400), error.message)
         except ShardUnavailable:
             return _error(503, "the router could not reach the document's shard; try again")
 
-    def _request_principals(self, request: HttpRequest) -> frozenset[str]:
+    def _rest_identity(self, request: HttpRequest) -> Identity:
+        """The caller, once its request is counted against its client's rate (429 over it): its
+        token's subject, or its address when it sent no valid token (a bad one still counts)."""
         authorization = request.header("authorization") or ""
         scheme, _, token = authorization.partition(" ")
-        if scheme.lower() not in ("bat", "bearer") or not token.strip():
-            return frozenset()
-        try:
-            return self.principals(token.strip())
-        except ProtocolError as error:
-            raise RestError(401, error.message) from None
+        identity, refused = ANONYMOUS, None
+        if scheme.lower() in ("bat", "bearer") and token.strip():
+            try:
+                identity = self.identity(token.strip())
+            except ProtocolError as error:
+                refused = RestError(401, error.message)
+        client = subject_client(identity.subject) if identity.subject else address_client(request.remote)
+        wait = self.rest_rates.take(client, time.monotonic())
+        if wait:
+            self.limited["rest_rate"] += 1
+            raise codec.rest_too_fast(self.config.rest_rate_limit_per_minute, wait)
+        if refused is not None:
+            raise refused
+        return identity
 
     async def _object_request(self, request: HttpRequest, bucket: str, key: str | None,
                               principals: frozenset[str]) -> HttpResponse:
@@ -181,14 +219,21 @@ class BaqendDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("sub_id", "key", "spec", "link", "meta", "loaded")
+    __slots__ = ("sub_id", "key", "spec", "link", "meta", "client", "expires", "loading", "documents", "nbytes",
+                 "loaded")
 
-    def __init__(self, sub_id: str, key: str, spec: Any, link: Any, meta: tuple) -> None:
+    def __init__(self, sub_id: str, key: str, spec: Any, link: Any, meta: tuple, client: str,
+                 expires: float | None) -> None:
         self.sub_id = sub_id
         self.key = key
         self.spec = spec
         self.link = link
         self.meta = meta
+        self.client = client  # what it counts against (ClientCounts)
+        self.expires = expires  # its token's end (epoch seconds), None when anonymous
+        self.loading = 0  # document shards whose pages are still being read
+        self.documents = 0  # matching documents read so far, and their bytes
+        self.nbytes = 0
         self.loaded = False
 
 
@@ -197,6 +242,8 @@ class BaqendSession(DialectSession):
         super().__init__(dialect, wire)
         self.subs: dict[str, _Subscription] = {}
         self.by_key: dict[str, _Subscription] = {}
+        self.used_at = time.monotonic()  # its last message, or the last tick it held a subscription
+        self.pinged_at = 0.0
 
     # -- transport events ---------------------------------------------------------------------------
 
@@ -206,10 +253,11 @@ class BaqendSession(DialectSession):
         gateway = self.gateway
         meta = gateway.event_meta(DIALECT)
         size = len(data)
+        self.used_at = time.monotonic()
         try:
             if size > self.config.max_message_bytes:
                 raise ProtocolError(f"Message of {size} bytes exceeds the limit of {self.config.max_message_bytes} "
-                                    "bytes", 413, "Payload Too Large")
+                                    "bytes", 413, codec.PAYLOAD_TOO_LARGE)
             request = codec.decode(data)
             if isinstance(request, Subscribe):
                 meta = contract.retag(meta, "subscribe", request.spec.bucket)
@@ -227,13 +275,16 @@ class BaqendSession(DialectSession):
         sub = self.by_key.get(payload.key)
         if sub is None or self.closed:
             return
+        if sub.expires is not None and time.time() > sub.expires:
+            self._expire(sub)  # nothing more for a token that no longer holds, not even before the sweep
+            return
         date = codec.date_now()
         if isinstance(payload, InitialResult):
             frame = codec.encode_result(sub.sub_id, payload.documents, date)
             if len(frame) > self.config.max_result_bytes:
                 self._fail(sub, ProtocolError(
                     f"The initial result is {len(frame)} bytes; the limit is {self.config.max_result_bytes}: "
-                    "narrow the query or use a sorted query with a limit", 413, "Payload Too Large"))
+                    "narrow the query or use a sorted query with a limit", 413, codec.PAYLOAD_TOO_LARGE))
                 return
             self.dialect.results += 1
             self.gateway.account_delivery(sub.meta, len(frame), self.wire.id, self.wire.send_text(frame))
@@ -246,6 +297,30 @@ class BaqendSession(DialectSession):
             if meta is not None:
                 self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
+    def on_tick(self, now: float) -> None:
+        """Expired tokens end their subscriptions; a quiet connection is pinged, and closed when
+        it has sent nothing (not even a pong) for ``idle_timeout_s``, or no message for that long
+        while it holds no subscription."""
+        if self.closed:
+            return
+        if self.subs:
+            wall = time.time()
+            for sub in [sub for sub in self.subs.values() if sub.expires is not None and wall > sub.expires]:
+                self._expire(sub)
+        config, wire = self.config, self.wire
+        if self.subs:
+            self.used_at = now
+            heard = wire.last_activity
+        else:
+            heard = self.used_at
+        if now - heard > config.idle_timeout_s:
+            self.dialect.limited["idle"] += 1
+            self.release()
+            wire.close(1001, f"idle for {config.idle_timeout_s:g} s")
+        elif self.subs and now - heard > config.ping_interval_s and self.pinged_at < heard:
+            self.pinged_at = now
+            wire.ping()
+
     def released(self) -> None:
         for sub in list(self.subs.values()):
             self._remove(sub)
@@ -253,7 +328,7 @@ class BaqendSession(DialectSession):
     # -- requests -----------------------------------------------------------------------------------
 
     def _subscribe(self, request: Subscribe, meta: tuple) -> None:
-        config, sub_id = self.config, request.sub_id
+        config, dialect, sub_id = self.config, self.dialect, request.sub_id
         existing = self.subs.get(sub_id)
         if existing is not None:
             # An error ends the subscription with this id on the client: end it here too.
@@ -262,17 +337,25 @@ class BaqendSession(DialectSession):
         if len(self.subs) >= config.max_subscriptions:
             raise codec.too_many(config.max_subscriptions, sub_id)
         try:
-            principals = self.dialect.principals(request.token)
+            identity = dialect.identity(request.token)
         except ProtocolError as error:
             error.sub_id = sub_id
             raise
+        client = subject_client(identity.subject) if identity.subject else address_client(self.wire.remote)
+        wait = dialect.subscribe_rates.take(client, time.monotonic())
+        if wait:
+            dialect.limited["subscribe_rate"] += 1
+            raise codec.subscribing_too_fast(config.subscribe_rate_limit_per_minute, wait, sub_id)
+        if not dialect.client_subscriptions.acquire(client):
+            dialect.limited["client_subscriptions"] += 1
+            raise codec.too_many_for_client(config.max_client_subscriptions, sub_id)
         gateway, shards = self.gateway, self.shards
         key = f"{gateway.id}/{self.wire.id}/{next(_keys)}"
         link = shards.link(QUERY, key)
-        sub = _Subscription(sub_id, key, request.spec, link, meta)
+        sub = _Subscription(sub_id, key, request.spec, link, meta, client, identity.expires)
         self.subs[sub_id] = sub
         self.by_key[key] = sub
-        shards.send(link, baqend.subscribe(key, self.wire.id, sub_id, request.spec, principals),
+        shards.send(link, baqend.subscribe(key, self.wire.id, sub_id, request.spec, identity.principals),
                     lambda result: self._registered(sub, result))
 
     def _registered(self, sub: _Subscription, result: Any) -> None:
@@ -281,17 +364,45 @@ class BaqendSession(DialectSession):
         if result is not True:
             self._fail(sub, _unavailable(result))
             return
-        self.shards.send_all(self.shards.all(DOCUMENT), baqend.scan(sub.spec.bucket, sub.spec.query),
-                             lambda scans: self._scanned(sub, scans))
+        links = self.shards.all(DOCUMENT)
+        sub.loading = len(links)
+        for link in links:
+            self._scan(sub, link, None)
 
-    def _scanned(self, sub: _Subscription, scans: list[Any]) -> None:
+    def _scan(self, sub: _Subscription, link: Any, after: str | None) -> None:
+        self.shards.send(link, baqend.scan(sub.spec.bucket, sub.spec.query, after),
+                         lambda page: self._scanned(sub, link, page))
+
+    def _scanned(self, sub: _Subscription, link: Any, page: Any) -> None:
+        """A page of one document shard: counted against the query's bounds, handed to the query
+        shard (pages of a shard in order), the next one asked for; the last one loads the query."""
         if self.by_key.get(sub.key) is not sub:
             return
-        for found in scans:
-            if isinstance(found, (ShardUnavailable, CommandError)):
-                self._fail(sub, _unavailable(found))
-                return
-        self.shards.send(sub.link, baqend.load(sub.key, scans), lambda result: self._loaded(sub, result))
+        if isinstance(page, (ShardUnavailable, CommandError)):
+            self._fail(sub, _unavailable(page))
+            return
+        config = self.config
+        sub.documents += len(page.documents)
+        sub.nbytes += page.nbytes
+        if sub.documents > config.max_result_documents or sub.nbytes > config.max_query_bytes:
+            self.dialect.limited["query_too_large"] += 1
+            if sub.documents > config.max_result_documents:
+                self._fail(sub, codec.query_too_large(sub.sub_id, documents=config.max_result_documents))
+            else:
+                self._fail(sub, codec.query_too_large(sub.sub_id, nbytes=config.max_query_bytes))
+            return
+        shards = self.shards
+        shards.send(sub.link, baqend.page(sub.key, page), lambda result: self._paged(sub, result))
+        if page.upto is not None:
+            self._scan(sub, link, page.upto)
+            return
+        sub.loading -= 1
+        if not sub.loading:
+            shards.send(sub.link, baqend.load(sub.key), lambda result: self._loaded(sub, result))
+
+    def _paged(self, sub: _Subscription, result: Any) -> None:
+        if self.by_key.get(sub.key) is sub and result is not True:
+            self._fail(sub, _unavailable(result))
 
     def _loaded(self, sub: _Subscription, result: Any) -> None:
         if self.by_key.get(sub.key) is not sub:
@@ -309,7 +420,12 @@ class BaqendSession(DialectSession):
     def _remove(self, sub: _Subscription) -> None:
         self.subs.pop(sub.sub_id, None)
         self.by_key.pop(sub.key, None)
+        self.dialect.client_subscriptions.release(sub.client)
         self.shards.send(sub.link, baqend.unsubscribe(sub.key))
+
+    def _expire(self, sub: _Subscription) -> None:
+        self.dialect.limited["token_expired"] += 1
+        self._fail(sub, codec.token_expired())
 
     def _fail(self, sub: _Subscription, error: ProtocolError) -> None:
         """The subscription ends with an error message (the spec's only way for the server to end it)."""

@@ -17,8 +17,9 @@ class Events:
         self.ws = ws
 
     @classmethod
-    async def open(cls, url: str) -> "Events":
-        return cls(await connect(url, open_timeout=10, max_size=None, ping_interval=None))
+    async def open(cls, url: str, local_addr: tuple[str, int] | None = None) -> "Events":
+        """``local_addr`` (e.g. ("127.0.0.5", 0)) makes the connection another client to per-client limits."""
+        return cls(await connect(url, open_timeout=10, max_size=None, ping_interval=None, local_addr=local_addr))
 
     async def subscribe(self, sub_id: str, bucket: str, **fields: Any) -> None:
         for name in ("query", "sort"):
@@ -66,12 +67,13 @@ def brief(frame: dict[str, Any]) -> tuple:
 
 
 class Rest:
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, local_addr: tuple[str, int] | None = None) -> None:
         self.base = base  # http://127.0.0.1:PORT/v1
+        self.local_addr = local_addr  # as in Events.open
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "Rest":
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=self.local_addr))
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -79,13 +81,20 @@ class Rest:
 
     async def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
                    raw: bytes | None = None) -> tuple[int, Any]:
+        status, body, _ = await self.exchange(method, path, body, headers, raw)
+        return status, body
+
+    async def exchange(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+                       raw: bytes | None = None) -> tuple[int, Any, Any]:
+        """(status, JSON body, response headers)."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         async with self.session.request(method, self.base + path, data=data, headers=headers or {}) as response:
             text = await response.read()
-            return response.status, (json.loads(text) if text else None)
+            return response.status, (json.loads(text) if text else None), response.headers
 
-    async def insert(self, bucket: str, key: str, **fields: Any) -> dict[str, Any]:
-        status, body = await self.call("POST", f"/db/{bucket}", {"id": f"/db/{bucket}/{key}", **fields})
+    async def insert(self, bucket: str, key: str, headers: dict[str, str] | None = None,
+                     **fields: Any) -> dict[str, Any]:
+        status, body = await self.call("POST", f"/db/{bucket}", {"id": f"/db/{bucket}/{key}", **fields}, headers)
         assert status == 201, body
         return body
 

@@ -2,7 +2,7 @@
 errors, limits, acl, and the live window against the query re-run from scratch.
 
 ``baqend``: two gateways (subscribers on one, writes through the other), two document shards and
-two query shards, a JWT validator, small limits.
+two query shards, a JWT validator, small limits, rates too high to trip.
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ def baqend(ray_runtime, tmp_path_factory) -> RunningRouter:
         ray_dashboard=False, shards={"session": 1, "topic": 1, "registry": 1, "document": 2, "query": 2},
         signal={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False}, analytics={"enabled": False},
         baqend={"max_subscriptions": 12, "max_message_bytes": 4096, "max_result_bytes": 4096, "schema": SCHEMA,
-                "auth": {"enabled": True, "secret": SECRET}},
+                "auth": {"enabled": True, "secret": SECRET},
+                # functional tests never trip the rates (test_baqend_limits.py tests them)
+                "rest_rate_limit_per_minute": 6_000_000, "rest_rate_limit_burst": 100_000,
+                "subscribe_rate_limit_per_minute": 6_000_000, "subscribe_rate_limit_burst": 100_000},
     )
     yield running
     running.router.stop()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from actors.baqend.documents import (
-    DocumentTable, MemoryDocumentStore, SqliteDocumentStore, apply_update, iso_now, permitted, principals_of,
+    DocumentTable, MemoryDocumentStore, Page, SqliteDocumentStore, apply_update, iso_now, permitted, principals_of,
 )
 from router.errors import CommandError
 
@@ -100,14 +101,64 @@ def test_sqlite_store_persists_commits_and_scans_only_owned_ids(tmp_path):
     table.insert("T", "a", {"n": 1}, NOW)
     table.insert("T", "b", {"n": 2}, NOW)
     table.insert("U", "a", {"n": 3}, NOW)
-    assert table.dirty and [d["n"] for d in table.scan("T")] == [1, 2]  # pending writes are visible
+    assert table.dirty and [d["n"] for d in table.scan("T").documents] == [1, 2]  # pending writes are visible
     table.commit()
     table.delete("T", "b", None)
     table.commit()
     reopened = DocumentTable(SqliteDocumentStore(path), owns=lambda oid: oid.endswith("a"))
-    assert [d["id"] for d in reopened.scan("T")] == ["/db/T/a"]
+    assert [d["id"] for d in reopened.scan("T").documents] == ["/db/T/a"]
     assert reopened.get("/db/U/a")["n"] == 3 and reopened.get("/db/T/b") is None
-    assert [d["n"] for d in reopened.scan("T", lambda d: d["n"] > 5)] == []
+    assert reopened.scan("T", lambda d: d["n"] > 5) == Page([], None, 0)
+
+
+def pages(table: DocumentTable, bucket: str, keep=lambda d: True, **bounds) -> list[Page]:
+    found, after = [], None
+    while True:
+        page = table.scan(bucket, keep, after, **bounds)
+        found.append(page)
+        if page.upto is None:
+            return found
+        after = page.upto
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_scan_reads_at_most_max_rows_and_max_bytes_per_page_and_pages_cover_the_bucket(store, tmp_path):
+    """Before: a scan answered the whole bucket in one reply, however large."""
+    backend = MemoryDocumentStore() if store == "memory" else SqliteDocumentStore(tmp_path / "d.sqlite3")
+    table = DocumentTable(backend, owns=lambda oid: int(oid[-2:]) % 2 == 0)  # the even keys are this shard's
+    for index in range(30):  # every document the same size
+        table.insert("T", f"k{index:02d}", {"n": index, "pad": "x" * (40 - len(str(index)))}, NOW)
+    table.insert("U", "k00", {"n": 0}, NOW)
+    table.commit()
+    size = len(orjson.dumps(table.get("/db/T/k00")))
+    found = pages(table, "T", lambda d: d["n"] % 4 == 0, max_rows=7, max_bytes=10 * size)
+    assert [d["n"] for page in found for d in page.documents] == [0, 4, 8, 12, 16, 20, 24, 28]
+    # 7 rows a page: ids up to k06, k13, k20, k27, then the rest
+    assert [page.upto for page in found] == ["/db/T/k06", "/db/T/k13", "/db/T/k20", "/db/T/k27", None]
+    assert all(page.nbytes == len(page.documents) * size for page in found)
+    # the byte bound: a page ends before the document that would pass it, but holds at least one
+    found = pages(table, "T", max_rows=100, max_bytes=2 * size)
+    assert [[d["n"] for d in page.documents] for page in found] == [[0, 2], [4, 6], [8, 10], [12, 14], [16, 18],
+                                                                      [20, 22], [24, 26], [28]]
+    assert [page.upto for page in found][:2] == ["/db/T/k02", "/db/T/k06"]  # the next scan goes on after it
+    assert [len(page.documents) for page in pages(table, "T", max_rows=100, max_bytes=1)] == [1] * 15
+
+
+def test_a_page_sees_writes_not_yet_committed_within_its_range():
+    table = DocumentTable(MemoryDocumentStore())
+    for index in range(6):
+        table.insert("T", f"k{index}", {"n": index}, NOW)
+    table.commit()
+    table.delete("T", "k1", None)
+    table.update("T", "k2", {"$set": {"n": 20}}, None, LATER)
+    table.insert("T", "k25", {"n": 25}, NOW)  # between k2 and k3
+    table.insert("T", "k9", {"n": 9}, NOW)  # past the first page
+    first = table.scan("T", after=None, max_rows=3)  # stored rows k0 k1 k2: k1 deleted, k2 changed
+    assert ([d["n"] for d in first.documents], first.upto) == ([0, 20], "/db/T/k2")
+    second = table.scan("T", after=first.upto, max_rows=3)  # k3 k4 k5, and k25 in that range
+    assert ([d["n"] for d in second.documents], second.upto) == ([25, 3, 4, 5], "/db/T/k5")
+    third = table.scan("T", after=second.upto, max_rows=3)  # the store is done; k9 is still pending
+    assert ([d["n"] for d in third.documents], third.upto) == ([9], None)
 
 
 def test_iso_timestamps_have_milliseconds():
