@@ -20,7 +20,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     generate.add_argument("--seed", type=int, default=1)
     generate.add_argument("--marshaller", choices=("gogo", "json"), default="gogo")
     generate.set_defaults(func=cmd_generate)
-    replay = mx_sub.add_parser("replay", help="send a file of node frames to the router's /save")
+    replay = mx_sub.add_parser("replay", help="send a file of node frames to the router's /save "
+                                                "(with mx.node_token as the node credential when it is set)")
     replay.add_argument("file")
     replay.add_argument("--config", help="TOML config file (default: $ROUTER_CONFIG)")
     replay.add_argument("--url", help="default ws://<host>:<mx.ingest.port or port><mx.ingest.path>")
@@ -42,14 +43,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Send a file of node frames to the router's /save like a node (stop-and-wait on ACKs)."""
     import asyncio
 
+    from websockets.exceptions import InvalidStatus
+
     from gateways.mx.replay import replay
 
     settings = settings_from_args(args)
     ingest = settings.mx.ingest
     url = args.url or f"ws://{settings.client_host}:{ingest.port or settings.port}{ingest.path}"
+    token = settings.mx.node_token.get_secret_value() if settings.mx.node_token is not None else None
     try:
-        result = asyncio.run(replay(url, Path(args.file), not args.no_ack))
-    except (OSError, TimeoutError) as error:
+        result = asyncio.run(replay(url, Path(args.file), not args.no_ack, token=token))
+    except (OSError, TimeoutError, InvalidStatus) as error:
         print(f"router mx replay: {url}: {error}", file=sys.stderr)
         return 1
     print(json.dumps(result))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from router.config import KIB, MIB, OwnPort, Section, UrlPath
 
@@ -27,6 +27,13 @@ class MxIngestConfig(Section):
     dedup_window_s: float = Field(default=1800, gt=0)
     dedup_max_entries: int = Field(default=100_000, ge=1)
     max_frame_bytes: int = Field(default=64 * MIB, ge=1024)
+    # Frames of at least this size are decoded in a worker thread (one frame at a time per
+    # connection, in order), so the event loop keeps serving everyone else meanwhile.
+    offload_frame_bytes: int = Field(default=64 * KIB, ge=1)
+    decode_threads: int = Field(default=1, ge=1, le=8)  # per gateway (the GIL: more rarely helps)
+    # Per node connection: frames waiting behind the one being decoded (a node that does not wait
+    # for ACKs); over it the connection is closed with 1013.
+    max_waiting_bytes: int = Field(default=256 * MIB, ge=1 * MIB)
 
     @model_validator(mode="after")
     def _client_needs_url(self) -> "MxIngestConfig":
@@ -34,6 +41,8 @@ class MxIngestConfig(Section):
             raise ValueError("mode 'client' needs connect_url (the node's ws://host:port/path)")
         if self.connect_url is not None and not self.connect_url.startswith(("ws://", "wss://")):
             raise ValueError("connect_url must be a ws:// or wss:// URL")
+        if self.max_waiting_bytes < self.max_frame_bytes:
+            raise ValueError("max_waiting_bytes must hold at least one frame of max_frame_bytes")
         return self
 
 
@@ -58,4 +67,18 @@ class MxConfig(Section):
     max_subscribe_topics: int = Field(default=32, ge=1, le=1024)
     max_field_length: int = Field(default=256, ge=1, le=4096)
     max_frame_bytes: int = Field(default=64 * KIB, ge=256)
+    # What a node (or the proxy in front of it) sends on the ingest path as `Authorization: Bearer
+    # <token>`, compared in constant time; without it the upgrade gets 401. None: only loopback
+    # peers may push (others get 403). Set it whenever the ingest port is reachable from elsewhere.
+    node_token: SecretStr | None = Field(default=None, min_length=16)
+    # A consumer or node connection that sends nothing (no frame, no pong) for idle_timeout_s is
+    # closed with 1001; one quiet for ping_interval_s is pinged, so a live peer's pong keeps it open.
+    idle_timeout_s: float = Field(default=120, gt=0)
+    ping_interval_s: float = Field(default=30, gt=0)
     ingest: MxIngestConfig = Field(default_factory=MxIngestConfig)
+
+    @model_validator(mode="after")
+    def _ping_before_idle(self) -> "MxConfig":
+        if self.ping_interval_s >= self.idle_timeout_s:
+            raise ValueError("ping_interval_s must be shorter than idle_timeout_s (a quiet peer is kept by its pong)")
+        return self

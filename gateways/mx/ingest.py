@@ -4,19 +4,31 @@ Server mode (the node's default client mode dials us): the node connects to ``mx
 Client mode: gateway 0 dials ``mx.ingest.connect_url`` and redials with backoff when it drops;
 hub consumers stay connected meanwhile and receive again once blocks flow.
 
-Either way each frame goes through :meth:`NodeIngestDialect.receive`: decode (gogo protobuf or
-JSON), normalise (``gateways/mx/node.py``), drop a block already seen (the node resends a block
-until it is acknowledged), encode each event's frame tail once, and send the block to every
-topic shard in one ``mxpub`` command each. The node's ACK is written when every shard has taken
-the block; if one has not, no ACK: the node resends and the duplicate filter forgets the block.
+Either way each frame goes through :func:`decode` (gogo protobuf or JSON, normalised by
+``gateways/mx/node.py``, each event's frame tail encoded once) and then
+:meth:`NodeIngestDialect.dispatch`: drop a block already seen (the node resends a block until it
+is acknowledged) and send the block to every topic shard in one ``mxpub`` command each. The
+node's ACK is written when every shard has taken the block; if one has not, no ACK: the node
+resends and the duplicate filter forgets the block. A frame of ``offload_frame_bytes`` or more is
+decoded in a worker thread (a 32 MiB block takes seconds), one frame at a time per connection
+and in order, so the gateway keeps serving everyone else meanwhile.
+
+Who may push (server mode): with ``mx.node_token`` set, an upgrade without ``Authorization: Bearer
+<token>`` gets 401 before the WebSocket opens; without a token, only loopback peers are accepted
+(403 otherwise). A node's stock outport driver sends no header at all (it dials ``ws://<URL>/save``
+with none), so a remote node pushes through a proxy beside it that adds the header, or the router
+dials the node (client mode).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from websockets.asyncio.client import connect
@@ -24,8 +36,9 @@ from websockets.exceptions import WebSocketException
 
 from actors.mx import contract as mx
 from actors.mx.contract import Stream, block_item
-from gateways.dialect import Dialect, DialectSession, Wire
+from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, Wire
 from gateways.mx import codec, node
+from gateways.mx.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
 from gateways.mx.node import DuplicateSuppressor, Ignored, InvalidNodeFrame, SavedBlock
 from gateways.mx.config import MxConfig
 from gateways.mx.pb import mx_hub_pb2
@@ -36,6 +49,51 @@ from router.shardmap import TOPIC
 logger = logging.getLogger(__name__)
 
 DIALECT = "mx"  # ingress is counted under the hub's name: one dialect in the analytics
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_TRY_AGAIN = 1013
+
+# Why an upgrade on the ingest path is refused (counted as refused_<reason>).
+NO_TOKEN = "token"
+NOT_LOOPBACK = "not_loopback"
+REFUSALS = {
+    NO_TOKEN: HttpResponse(401, b'{"error":"unauthorized","message":"node ingest needs the node token: '
+                                b'Authorization: Bearer <mx.node_token>"}',
+                           headers=[("WWW-Authenticate", 'Bearer realm="mx-node"')]),
+    NOT_LOOPBACK: HttpResponse(403, b'{"error":"forbidden","message":"node ingest accepts only loopback '
+                                    b'peers while mx.node_token is not set"}'),
+}
+REFUSAL_LOGS = {
+    NO_TOKEN: "mx ingest: refused %s: missing or wrong node token (%d refused so far)",
+    NOT_LOOPBACK: "mx ingest: refused %s: not a loopback peer (%d refused so far); set mx.node_token "
+                  "(ROUTER_MX__NODE_TOKEN) and have the node's side send it to accept remote nodes",
+}
+REFUSAL_LOG_EVERY_S = 60.0  # a refusal is logged at most this often per reason (a scanner is not a flood)
+
+
+def is_loopback(remote: str) -> bool:
+    """Whether a peer (``host:port`` as the server writes it) is on this machine: 127.0.0.0/8, ::1,
+    or an IPv4-mapped loopback address."""
+    host = remote.rpartition(":")[0].strip("[]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def ingest_refusal(token: bytes | None, authorization: str | None, remote: str) -> str | None:
+    """Why an upgrade on the ingest path is refused (NO_TOKEN, NOT_LOOPBACK), or None to accept.
+
+    With a token, the ``Authorization: Bearer`` credential must equal it (compared in constant
+    time), wherever the peer is; without one, only loopback peers may push.
+    """
+    if token is None:
+        return None if is_loopback(remote) else NOT_LOOPBACK
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+        return NO_TOKEN
+    return None
 
 
 def block_items(output: Any) -> tuple[str, list[tuple]]:
@@ -60,16 +118,50 @@ def block_items(output: Any) -> tuple[str, list[tuple]]:
     return output.hash, [block_item(Stream.BLOCK, None, topic, codec.frame_tail(topic, output.SerializeToString()))]
 
 
+def decode(data: bytes, marshaller: str) -> tuple[node.NodeFrame | None, Any]:
+    """All the work on one frame before the shards, pure (so it may run in a worker thread):
+    ``(frame, output)``, output an :class:`InvalidNodeFrame`, None for an ACK, :class:`Ignored`,
+    or ``(block hash, items)``."""
+    try:
+        frame = node.decode_node_frame(data, marshaller)
+    except InvalidNodeFrame as invalid:
+        return None, invalid
+    if frame.type == node.ACK:
+        return frame, None  # nothing is sent to a node that would need acknowledging
+    try:
+        output = node.handle_payload(frame)
+    except InvalidNodeFrame as invalid:
+        return frame, invalid
+    if isinstance(output, Ignored):
+        return frame, output
+    return frame, block_items(output)
+
+
 class NodeIngestDialect(Dialect):
     name = "mx-node"
 
     def __init__(self, gateway: Any, config: MxConfig, hub: Any) -> None:
         super().__init__(gateway)
         self.config = config.ingest
+        self.mx = config
         self.hub = hub
+        self.token = None if config.node_token is None else config.node_token.get_secret_value().encode()
         self.dedup = DuplicateSuppressor(self.config.dedup_window_s, self.config.dedup_max_entries)
         self.counts: Counter = Counter()
+        self.refusal_logged: dict[str, float] = {}
+        self.pool = ThreadPoolExecutor(self.config.decode_threads, thread_name_prefix="mx-decode")
         self.client: NodeClient | None = None
+
+    def admit(self, request: HttpRequest) -> HttpResponse | None:
+        reason = ingest_refusal(self.token, request.header("authorization"), request.remote)
+        if reason is None:
+            return None
+        self.counts["refused_" + reason] += 1
+        now = time.monotonic()
+        if now - self.refusal_logged.get(reason, -REFUSAL_LOG_EVERY_S) >= REFUSAL_LOG_EVERY_S:
+            self.refusal_logged[reason] = now
+            logger.warning(REFUSAL_LOGS[reason], request.remote, self.counts["refused_" + reason])
+        return REFUSALS[reason]
 
     def new_session(self, wire: Wire, request_headers: Any) -> "NodeSession":
         return NodeSession(self, wire)
@@ -82,6 +174,7 @@ class NodeIngestDialect(Dialect):
     async def close(self) -> None:
         if self.client is not None:
             await self.client.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -92,21 +185,23 @@ class NodeIngestDialect(Dialect):
 
     # -- one frame from the node ----------------------------------------------------------------
 
-    def receive(self, data: bytes, reply: Callable[[bytes], Any]) -> None:
+    async def decode_off_loop(self, data: bytes) -> tuple[node.NodeFrame | None, Any]:
+        """:func:`decode`, in the worker thread when the frame is big enough to hold the loop up."""
+        if len(data) < self.config.offload_frame_bytes:
+            return decode(data, self.config.marshaller)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, decode, data, self.config.marshaller)
+
+    def dispatch(self, decoded: tuple[node.NodeFrame | None, Any], size: int, t0: int,
+                 reply: Callable[[bytes], Any]) -> None:
+        """A decoded frame, in the order its connection sent it: duplicates, shards, the ACK."""
         counts = self.counts
-        try:
-            frame = node.decode_node_frame(data, self.config.marshaller)
-        except InvalidNodeFrame as invalid:
-            counts["dropped_" + invalid.reason] += 1
+        frame, output = decoded
+        if isinstance(output, InvalidNodeFrame):
+            counts["dropped_" + output.reason] += 1
+            if frame is not None:
+                logger.warning("mx ingest: %s frame %d dropped: %s", frame.topic, frame.counter, output)
             return
-        if frame.type == node.ACK:
-            return  # nothing is sent to a node that would need acknowledging
-        t0 = time.time_ns()
-        try:
-            output = node.handle_payload(frame)
-        except InvalidNodeFrame as invalid:
-            counts["dropped_" + invalid.reason] += 1
-            logger.warning("mx ingest: %s frame %d dropped: %s", frame.topic, frame.counter, invalid)
+        if output is None:
             return
 
         def acknowledge() -> None:
@@ -117,7 +212,7 @@ class NodeIngestDialect(Dialect):
             counts["ignored" if output.known else "ignored_unknown_topic"] += 1
             acknowledge()
             return
-        block_hash, items = block_items(output)
+        block_hash, items = output
         key = node.dedup_key(frame.topic, block_hash)
         if not self.dedup.first_seen(key, time.monotonic()):
             counts["duplicates"] += 1
@@ -125,7 +220,7 @@ class NodeIngestDialect(Dialect):
             return
         gateway = self.gateway
         meta = contract.event_meta(gateway.id, gateway.next_seq(), t0, DIALECT, frame.topic, block_hash)
-        gateway.accepted(meta, frame.counter, len(data), -1)
+        gateway.accepted(meta, frame.counter, size, -1)
         counts[frame.topic] += 1
         counts["events"] += sum(1 for stream, _, _, _ in items if stream == Stream.EVENT)
         if not items:
@@ -142,11 +237,94 @@ class NodeIngestDialect(Dialect):
         self.shards.send_all(self.shards.all(TOPIC), mx.publish(items, meta), taken)
 
 
+class NodeFeed:
+    """One node connection's frames, handled in arrival order.
+
+    A small frame is handled at once. A big one is decoded in the worker thread; the frames that
+    arrive meanwhile wait behind it (the connection is closed with 1013 if more than
+    ``max_waiting_bytes`` would wait), so the shards see blocks, and the node its ACKs, in the
+    order it sent them. ``failed`` ends the connection if handling a waiting frame raises (as the
+    server does when a frame it hands over raises).
+    """
+
+    def __init__(self, dialect: NodeIngestDialect, reply: Callable[[bytes], Any], failed: Callable[[], Any]) -> None:
+        self.dialect = dialect
+        self.reply = reply
+        self.failed = failed
+        self.waiting: deque[tuple[bytes, int]] = deque()  # (frame, arrival ns), the first being decoded
+        self.waiting_bytes = 0
+        self.task: asyncio.Task | None = None
+
+    def push(self, data: bytes) -> bool:
+        """Take a frame; False if too much already waits (the caller closes the connection)."""
+        t0 = time.time_ns()
+        dialect = self.dialect
+        if self.task is None and len(data) < dialect.config.offload_frame_bytes:
+            dialect.dispatch(decode(data, dialect.config.marshaller), len(data), t0, self.reply)
+            return True
+        if self.waiting_bytes + len(data) > dialect.config.max_waiting_bytes:
+            return False
+        self.waiting.append((data, t0))
+        self.waiting_bytes += len(data)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+        return True
+
+    async def _drain(self) -> None:
+        dialect, waiting = self.dialect, self.waiting
+        try:
+            while waiting:
+                data, t0 = waiting[0]
+                decoded = await dialect.decode_off_loop(data)
+                waiting.popleft()
+                self.waiting_bytes -= len(data)
+                dialect.dispatch(decoded, len(data), t0, self.reply)
+        except Exception:
+            logger.exception("mx ingest: a node frame failed")
+            self.task = None  # over: closing the session must not cancel it
+            self.failed()
+        finally:
+            self.task = None
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.waiting.clear()
+        self.waiting_bytes = 0
+
+
 class NodeSession(DialectSession):
     """A node connected to us (server mode)."""
 
+    def __init__(self, dialect: NodeIngestDialect, wire: Wire) -> None:
+        super().__init__(dialect, wire)
+        self.feed = NodeFeed(dialect, wire.send_binary,
+                             lambda: self.shut(CLOSE_INTERNAL_ERROR, "internal error", "internal_error"))
+        self.keepalive = Keepalive(dialect.mx.ping_interval_s, dialect.mx.idle_timeout_s)
+
     def on_message(self, data: bytes, is_text: bool) -> None:
-        self.dialect.receive(data, self.wire.send_binary)
+        if self.closed:
+            return
+        if not self.feed.push(data):
+            self.shut(CLOSE_TRY_AGAIN, f"node frames waiting over {self.dialect.config.max_waiting_bytes} bytes",
+                      "waiting_full")
+
+    def on_tick(self, now: float) -> None:
+        if self.closed:
+            return
+        due = self.keepalive.due(self.wire.last_activity, now)
+        if due == IDLE:
+            self.shut(CLOSE_IDLE, self.keepalive.reason(), "idle")
+        elif due == PING:
+            self.wire.ping()
+
+    def shut(self, code: int, reason: str, counted_as: str) -> None:
+        self.dialect.counts["closed_" + counted_as] += 1
+        self.release()
+        self.wire.close(code, reason)
+
+    def released(self) -> None:
+        self.feed.stop()
 
 
 class NodeClient:
@@ -207,8 +385,11 @@ class NodeClient:
                 await ws.send(await replies.get())
 
         writer = asyncio.get_running_loop().create_task(write())
+        dialect = self.dialect
         try:
-            async for message in ws:
-                self.dialect.receive(message.encode() if isinstance(message, str) else message, replies.put_nowait)
+            async for message in ws:  # the next frame is read once this one is decoded: in order
+                t0 = time.time_ns()
+                data = message.encode() if isinstance(message, str) else message
+                dialect.dispatch(await dialect.decode_off_loop(data), len(data), t0, replies.put_nowait)
         finally:
             writer.cancel()

@@ -53,12 +53,17 @@ def read_file(path: Path) -> tuple[str, Iterator[tuple[str, bytes]]]:
     return marshaller, frames()
 
 
-async def replay(url: str, path: Path, with_acknowledge: bool = True, timeout_s: float = 60) -> dict[str, Any]:
-    """Send the file's frames to ``url`` as a node does; returns counts and the time taken."""
+async def replay(url: str, path: Path, with_acknowledge: bool = True, timeout_s: float = 60,
+                 token: str | None = None) -> dict[str, Any]:
+    """Send the file's frames to ``url`` as a node does; returns counts and the time taken.
+
+    ``token``: the router's ``mx.node_token``, sent as ``Authorization: Bearer`` (never in the URL).
+    """
     marshaller, frames = read_file(path)
     sent = acked = 0
     started = time.perf_counter()
-    async with connect(url, max_size=None, open_timeout=10, ping_interval=None) as ws:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+    async with connect(url, max_size=None, open_timeout=10, ping_interval=None, additional_headers=headers) as ws:
         for counter, (topic, payload) in enumerate(frames, start=1):
             await ws.send(node.encode_node_frame(topic, payload, counter, marshaller, with_acknowledge))
             sent += 1

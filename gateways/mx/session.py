@@ -12,6 +12,7 @@ frames are written while the socket's unsent bytes stay under ``max_write_buffer
 that cannot go yet wait in the connection's queue; a queue that reaches ``max_queue_depth`` closes
 the connection (1013) — a slow consumer is cut off, it never holds up the others or the node. Across
 the gateway, at most ``max_queued_total`` frames wait; above that the deepest queue is closed.
+A consumer that sends nothing, not even the pong to a ping, for ``idle_timeout_s`` is closed (1001).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from gateways.mx.config import MxConfig
 from gateways.mx.ingest import NodeIngestDialect
+from gateways.mx.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
@@ -109,6 +111,7 @@ class HubSession(DialectSession):
         self.subscriptions = 0
         self.loop = asyncio.get_running_loop()
         self.accounts: list[tuple] = []  # (meta, bytes) written this loop turn, accounted together
+        self.keepalive = Keepalive(self.config.ping_interval_s, self.config.idle_timeout_s)
 
     # -- from the consumer ----------------------------------------------------------------------
 
@@ -239,10 +242,17 @@ class HubSession(DialectSession):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def on_tick(self, now: float) -> None:
-        if (not self.closed and self.awaiting is not None
-                and now - self.sent_at > self.config.ack_timeout_s):
+        if self.closed:
+            return
+        if self.awaiting is not None and now - self.sent_at > self.config.ack_timeout_s:
             self.shut(CLOSE_POLICY, f"no ACK for counter {self.awaiting} within "
                       f"{self.config.ack_timeout_s:g} s", "ack_timeout")
+            return
+        due = self.keepalive.due(self.wire.last_activity, now)
+        if due == IDLE:
+            self.shut(CLOSE_IDLE, self.keepalive.reason(), "idle")
+        elif due == PING:
+            self.wire.ping()
 
     def shut(self, code: int, reason: str, counted_as: str) -> None:
         if self.closed:

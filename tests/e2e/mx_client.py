@@ -81,8 +81,11 @@ class Node:
         self.counter = 0
 
     @classmethod
-    async def open(cls, url: str, marshaller: str = node.GOGO) -> "Node":
-        return cls(await connect(url, open_timeout=10, max_size=None, ping_interval=None), marshaller)
+    async def open(cls, url: str, marshaller: str = node.GOGO, token: str | None = None) -> "Node":
+        """``token``: the router's ``mx.node_token``, sent as ``Authorization: Bearer``."""
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+        return cls(await connect(url, open_timeout=10, max_size=None, ping_interval=None, additional_headers=headers),
+                   marshaller)
 
     async def push(self, topic: str, payload: bytes, with_acknowledge: bool = True) -> None:
         self.counter += 1

@@ -268,6 +268,21 @@ def test_node_frames_gogo_and_json_duplicates_and_ignored_topics(mx):
     run(scenario())
 
 
+def test_without_a_node_token_a_loopback_node_is_accepted(mx):
+    """``mx.node_token`` unset (the default): /save takes loopback peers, with no credential
+    (tests/unit/test_mx_ingest.py: any other peer gets 403)."""
+    node_url = hub_urls(mx, "/save")[0]
+
+    async def scenario():
+        feeder = await Node.open(node_url)
+        await feeder.push("SaveAccounts", b"\x08\x01")  # a topic the hub does not stream: acknowledged
+        stats = hub_stats(mx, 0)["mx-node"]
+        assert "refused_not_loopback" not in stats and "refused_token" not in stats
+        await feeder.close()
+
+    run(scenario())
+
+
 async def _value(value):
     return value
 

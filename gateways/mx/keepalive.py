@@ -1,0 +1,39 @@
+"""Idle connections on the mx endpoints: a quiet peer is pinged, a silent one is closed.
+
+Neither a hub consumer without ACKs nor a node between blocks has to send anything, so silence
+alone says nothing; a peer that does not answer a ping either is gone (a half-open TCP
+connection) or holds the socket without speaking WebSocket. The server stamps
+``wire.last_activity`` on every byte received, pongs included.
+"""
+
+from __future__ import annotations
+
+CLOSE_IDLE = 1001
+PING = "ping"
+IDLE = "idle"
+
+
+class Keepalive:
+    """When to ping a connection and when to call it idle (times are ``time.monotonic()``)."""
+
+    __slots__ = ("ping_interval_s", "idle_timeout_s", "pinged_at")
+
+    def __init__(self, ping_interval_s: float, idle_timeout_s: float) -> None:
+        self.ping_interval_s = ping_interval_s
+        self.idle_timeout_s = idle_timeout_s
+        self.pinged_at = float("-inf")
+
+    def due(self, last_activity: float, now: float) -> str | None:
+        """IDLE: nothing received for ``idle_timeout_s``; PING: quiet for ``ping_interval_s`` and
+        not pinged within it; else None."""
+        quiet = now - last_activity
+        if quiet > self.idle_timeout_s:
+            return IDLE
+        if quiet >= self.ping_interval_s and now - self.pinged_at >= self.ping_interval_s:
+            self.pinged_at = now
+            return PING
+        return None
+
+    def reason(self) -> str:
+        return f"idle for {self.idle_timeout_s:g} s"
+
