@@ -142,7 +142,8 @@ class Shard:
 
     def open_lane(self, node_id: str | None = None) -> tuple:
         """The address and secret of this shard's lane (started on first use): a Unix socket for a
-        gateway on this node, TCP on the node's address for one elsewhere."""
+        gateway on this node, TLS on the node's address for one elsewhere (with the certificate
+        the gateway pins)."""
         with self._lock:
             if self._lane is None:
                 self._lane = LaneServer(self.name, self.handle)
@@ -151,7 +152,7 @@ class Shard:
         if node_id is not None and node_id == ray.get_runtime_context().get_node_id():
             return ("unix", lane.unix_address(), lane.secret)
         host, port = lane.tcp_address(ray.util.get_node_ip_address())
-        return ("tcp", host, port, lane.secret)
+        return ("tcp", host, port, lane.secret, lane.certificate)
 
     def handle(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None]:
         with self._lock:

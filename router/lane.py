@@ -4,15 +4,26 @@ A Ray actor call costs about 0.5 ms of CPU on each side on a 2-core machine and 
 2,000 calls/s per caller (``docs/performance.md``). Batching hides that under load, but at a
 modest steady rate every message is its own batch and pays it in full. So the commands and
 deliveries travel over *lanes* instead: one persistent stream per (gateway, shard), a Unix socket
-when both are on one node, TCP otherwise. Ray still owns the actors (placement, naming, restarts)
-and is the control plane: a gateway asks a shard for its lane with an ordinary Ray call
-(``open_lane``), which authenticates it through Ray's token and hands it the shard's secret.
+when both are on one node, TLS over TCP otherwise. Ray still owns the actors (placement, naming,
+restarts) and is the control plane: a gateway asks a shard for its lane with an ordinary Ray call
+(``open_lane``), which authenticates it through Ray's token and hands it the shard's secret and,
+for TCP, the shard's self-signed certificate to pin.
 
-Frames are a 4-byte big-endian length and a body. The first frame from a gateway is the hello:
-the shard's 32-byte secret followed by the gateway id; nothing is unpickled before it matched.
-After it, gateway → shard frames are a pickled command batch; shard → gateway frames are pickled
-``(REPLY, results, bundle)`` in batch order, or ``(PUSH, bundle)`` for deliveries that other
-gateways' batches produced. One stream carries both, in order.
+Frames are a 4-byte big-endian length and a body. The secret never crosses the lane; both ends
+prove they know it (HMAC-SHA256 over fresh nonces from both sides, so a recorded exchange cannot
+be replayed and neither proof can be reflected as the other):
+
+1. shard → gateway: a 32-byte random nonce;
+2. gateway → shard: its own nonce, ``HMAC(secret, "gateway" | shard nonce | gateway nonce | id)``
+   and its id;
+3. shard → gateway: ``HMAC(secret, "shard" | shard nonce | gateway nonce | id)``.
+
+Until then frames are at most :data:`PREAUTH_FRAME_BYTES`, a peer has :data:`HELLO_TIMEOUT_S`
+to say hello, and nothing is unpickled on either side: pickle runs code, so only a peer that
+knows the secret gets to send one. After it, gateway → shard frames are a pickled command batch;
+shard → gateway frames are pickled ``(REPLY, results, bundle)`` in batch order, or
+``(PUSH, bundle)`` for deliveries that other gateways' batches produced. One stream carries both,
+in order.
 
 This module is plain asyncio: :class:`LaneServer` runs its own event loop in a thread of the
 shard process and calls ``execute(gateway_id, commands)`` for every batch; :class:`LaneClient` is
@@ -22,13 +33,16 @@ a protocol on the gateway's loop.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hmac
 import logging
 import os
 import pickle
 import secrets
 import socket
+import ssl
 import struct
+import tempfile
 import threading
 from typing import Any, Callable
 
@@ -38,7 +52,14 @@ logger = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
 SECRET_BYTES = 32
+NONCE_BYTES = 32
+MAC_BYTES = 32  # HMAC-SHA256
 MAX_FRAME_BYTES = 1 << 28  # a batch is bounded by batch_max commands; this only stops a broken peer
+# Before both ends proved they know the secret a frame is a nonce, a hello (nonce, MAC and a
+# gateway id of up to 448 bytes) or a proof: a larger announced length closes the lane at once.
+PREAUTH_FRAME_BYTES = 512
+# A peer must complete the hello (and on TCP the TLS handshake before it) within this long.
+HELLO_TIMEOUT_S = 5.0
 REPLY, PUSH = 0, 1
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -52,37 +73,85 @@ def encode(obj: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def hello(secret: bytes, gateway_id: str) -> bytes:
-    body = secret + gateway_id.encode()
+def _frame(body: bytes) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+def _mac(secret: bytes, side: bytes, shard_nonce: bytes, gateway_nonce: bytes, gateway_id: bytes) -> bytes:
+    """One side's proof; the nonces have a fixed length, so the concatenation is unambiguous."""
+    return hmac.digest(secret, side + shard_nonce + gateway_nonce + gateway_id, "sha256")
+
+
 class FrameReader:
-    """Splits a byte stream into frame bodies."""
+    """Splits a byte stream into frame bodies, refusing a frame over ``limit`` from its header."""
 
-    __slots__ = ("buffer",)
+    __slots__ = ("buffer", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_FRAME_BYTES) -> None:
         self.buffer = bytearray()
+        self.limit = limit
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes, most: int = 0) -> list[bytes]:
+        """The complete frames so far; at most ``most`` of them if set (the rest stay buffered,
+        for a caller that changes ``limit`` between frames)."""
         buffer = self.buffer
         buffer += data
         frames = []
         position, size = 0, len(buffer)
         while size - position >= 4:
             (length,) = HEADER.unpack_from(buffer, position)
-            if length > MAX_FRAME_BYTES:
-                raise LaneError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            if length > self.limit:
+                raise LaneError(f"frame of {length} bytes exceeds {self.limit}")
             end = position + 4 + length
             if end > size:
                 break
             frames.append(bytes(buffer[position + 4:end]))
             position = end
+            if len(frames) == most:
+                break
         if position:
             del buffer[:position]
         return frames
 
+
+def _certificate(name: str) -> tuple[ssl.SSLContext, str]:
+    """A fresh self-signed certificate for one shard's TCP lanes: its server context and the PEM
+    that ``open_lane`` hands to gateways to pin. The key never leaves this process (it is on disk
+    only for the moment ``load_cert_chain`` needs a file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"router lane {name}")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(days=3650))  # lives as long as the shard process
+                   .sign(key, hashes.SHA256()))
+    pem = certificate.public_bytes(serialization.Encoding.PEM).decode()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    with tempfile.TemporaryDirectory() as directory:  # mode 0700
+        cert_path, key_path = os.path.join(directory, "lane.pem"), os.path.join(directory, "lane.key")
+        with open(cert_path, "w") as file:
+            file.write(pem)
+        with open(os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+        context.load_cert_chain(cert_path, key_path)
+    return context, pem
+
+
+def _pinned(certificate: str) -> ssl.SSLContext:
+    """A client context that trusts exactly the shard's own certificate (no names: it is pinned)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.check_hostname = False
+    context.load_verify_locations(cadata=certificate)
+    return context
 
 
 # -- the shard's side ----------------------------------------------------------------------------
@@ -93,31 +162,61 @@ Execute = Callable[[str, list], tuple]
 class _ServerLane(asyncio.Protocol):
     def __init__(self, server: "LaneServer") -> None:
         self.server = server
-        self.reader = FrameReader()
+        self.reader = FrameReader(PREAUTH_FRAME_BYTES)
         self.transport: asyncio.Transport | None = None
         self.gateway_id: str | None = None
+        self.nonce = secrets.token_bytes(NONCE_BYTES)
+        self.deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.transport.write(_frame(self.nonce))
+        self.deadline = self.server._loop.call_later(self.server.hello_timeout_s, self._refuse, "no hello in time")
+
+    def _refuse(self, reason: str) -> None:
+        if self.transport.is_closing():
+            return
+        self.server.refused += 1
+        logger.warning("lane peer %s refused: %s", self.transport.get_extra_info("peername") or "(local)", reason)
+        self.transport.close()
+
+    def _hello(self, body: bytes) -> bool:
+        """Check the gateway's proof, answer with the shard's; False (and closed) if it is wrong."""
+        server = self.server
+        gateway_nonce, mac = body[:NONCE_BYTES], body[NONCE_BYTES:NONCE_BYTES + MAC_BYTES]
+        gateway_id = body[NONCE_BYTES + MAC_BYTES:]
+        expected = _mac(server.secret, b"gateway", self.nonce, gateway_nonce, gateway_id)
+        if not gateway_id or not hmac.compare_digest(mac, expected):
+            self._refuse("wrong hello")
+            return False
+        self.deadline.cancel()
+        self.transport.write(_frame(_mac(server.secret, b"shard", self.nonce, gateway_nonce, gateway_id)))
+        self.reader.limit = MAX_FRAME_BYTES
+        self.gateway_id = gateway_id.decode("utf-8", "replace")
+        server.attach(self.gateway_id, self)
+        return True
 
     def data_received(self, data: bytes) -> None:
+        if self.gateway_id is None:
+            if self.transport.is_closing():
+                return
+            try:
+                frames = self.reader.feed(data, 1)
+            except LaneError as error:
+                self._refuse(str(error))
+                return
+            if not frames or not self._hello(frames[0]):
+                return
+            data = b""
         try:
             frames = self.reader.feed(data)
         except LaneError as error:
-            logger.warning("lane from %s: %s; closing", self.gateway_id or "an unknown peer", error)
+            logger.warning("lane from %s: %s; closing", self.gateway_id, error)
             self.transport.close()
             return
         out = []
         server = self.server
         for body in frames:
-            if self.gateway_id is None:
-                if len(body) <= SECRET_BYTES or not hmac.compare_digest(body[:SECRET_BYTES], server.secret):
-                    server.refused += 1
-                    self.transport.close()
-                    return
-                self.gateway_id = body[SECRET_BYTES:].decode("utf-8", "replace")
-                server.attach(self.gateway_id, self)
-                continue
             try:
                 results, bundle = server.execute(self.gateway_id, pickle.loads(body))
                 out.append(encode((REPLY, results, bundle)))
@@ -129,6 +228,8 @@ class _ServerLane(asyncio.Protocol):
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
         if self.gateway_id is not None:
             self.server.detach(self.gateway_id, self)
 
@@ -138,12 +239,15 @@ class LaneServer:
 
     ``execute(gateway_id, commands) -> (results, bundle)`` runs on that thread; the shard must
     serialise it with anything else that touches its state (its Ray methods run on the main thread).
+    ``refused`` counts the peers it closed for a wrong, late or oversized hello.
     """
 
     def __init__(self, name: str, execute: Execute) -> None:
         self.name = name
         self.execute = execute
         self.secret = secrets.token_bytes(SECRET_BYTES)
+        self.certificate: str | None = None  # PEM of the TCP listener's certificate, once it listens
+        self.hello_timeout_s = HELLO_TIMEOUT_S
         self.refused = 0
         self._lanes: dict[str, _ServerLane] = {}
         self._loop = new_event_loop()
@@ -169,9 +273,12 @@ class LaneServer:
         return self._unix_path
 
     def tcp_address(self, host: str) -> tuple[str, int]:
-        """A TCP listener on ``host`` (an ephemeral port) for gateways on other nodes."""
+        """A TLS listener on ``host`` (an ephemeral port) for gateways on other nodes; gateways pin
+        :attr:`certificate`, made for it here."""
         if self._tcp is None:
-            server = self._run(self._loop.create_server(lambda: _ServerLane(self), host, 0))
+            context, self.certificate = _certificate(self.name)
+            server = self._run(self._loop.create_server(lambda: _ServerLane(self), host, 0, ssl=context,
+                                                        ssl_handshake_timeout=self.hello_timeout_s))
             self._servers.append(server)
             self._tcp = (host, server.sockets[0].getsockname()[1])
         return self._tcp
@@ -232,21 +339,32 @@ def _write_if_open(lane: _ServerLane, data: bytes) -> None:
 
 class LaneClient(asyncio.Protocol):
     """A gateway's end of one lane. Replies come back in the order batches were sent: the caller
-    keeps its batches in a FIFO and ``on_reply`` takes the oldest."""
+    keeps its batches in a FIFO and ``on_reply`` takes the oldest. :func:`connect` makes it and
+    returns it once the shard has proven it knows the secret; ``on_lost`` is called only for a
+    lane that got that far."""
 
     def __init__(self, on_reply: Callable[[Any, Any], None], on_push: Callable[[tuple], None],
                  on_lost: Callable[["LaneClient", Exception | None], None]) -> None:
         self.on_reply = on_reply
         self.on_push = on_push
         self.on_lost = on_lost
-        self.reader = FrameReader()
+        self.reader = FrameReader(PREAUTH_FRAME_BYTES)
         self.transport: asyncio.Transport | None = None
         self.open = False
         self.batches = 0
+        # Until the shard's proof: the secret, our id, the ready future, and both nonces once known.
+        self._secret = b""
+        self._gateway_id = b""
+        self._ready: asyncio.Future | None = None
+        self._nonces: tuple[bytes, bytes] | None = None
+
+    def expect(self, secret: bytes, gateway_id: str, ready: asyncio.Future) -> None:
+        """What the hello needs; ``ready`` resolves once the shard has proven itself (set by
+        :func:`connect` before the first byte can arrive)."""
+        self._secret, self._gateway_id, self._ready = secret, gateway_id.encode(), ready
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.open = True
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -258,11 +376,37 @@ class LaneClient(asyncio.Protocol):
         self.transport.write(encode(commands))
         self.batches += 1
 
+    def _handshake(self, body: bytes) -> None:
+        """The shard's challenge (answered with our hello), then its proof (the lane opens)."""
+        if self._nonces is None:
+            if len(body) != NONCE_BYTES:
+                raise LaneError("the shard's challenge is malformed")
+            self._nonces = (body, secrets.token_bytes(NONCE_BYTES))
+            mac = _mac(self._secret, b"gateway", *self._nonces, self._gateway_id)
+            self.transport.write(_frame(self._nonces[1] + mac + self._gateway_id))
+            return
+        if not hmac.compare_digest(body, _mac(self._secret, b"shard", *self._nonces, self._gateway_id)):
+            raise LaneError("the shard did not prove it knows the lane's secret")
+        ready, self._ready, self._secret = self._ready, None, b""
+        self.reader.limit = MAX_FRAME_BYTES
+        self.open = True
+        if not ready.done():
+            ready.set_result(None)
+
     def data_received(self, data: bytes) -> None:
+        reader = self.reader
         try:
-            frames = self.reader.feed(data)
+            while self._ready is not None:  # the handshake: one small frame at a time
+                frames = reader.feed(data, 1)
+                data = b""
+                if not frames:
+                    return
+                self._handshake(frames[0])
+            frames = reader.feed(data)
         except LaneError as error:
             logger.error("lane: %s; closing", error)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_exception(error)
             self.transport.close()
             return
         for body in frames:
@@ -273,6 +417,10 @@ class LaneClient(asyncio.Protocol):
                 self.on_push(message[1])
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._ready is not None:
+            if not self._ready.done():
+                self._ready.set_exception(LaneError(f"closed by the shard during the hello ({exc or 'no error'})"))
+            return
         self.open = False
         self.on_lost(self, exc)
 
@@ -282,9 +430,17 @@ class LaneClient(asyncio.Protocol):
 
 
 async def connect(loop: asyncio.AbstractEventLoop, address: tuple, gateway_id: str,
-                  factory: Callable[[], LaneClient]) -> LaneClient:
-    """Open a lane to ``address`` (as ``open_lane`` returned it) and say hello."""
+                  factory: Callable[[], LaneClient], timeout_s: float = HELLO_TIMEOUT_S) -> LaneClient:
+    """Open a lane to ``address`` (as ``open_lane`` returned it) and complete the hello; raises
+    :class:`LaneError` if the shard does not prove it knows the secret."""
     kind = address[0]
+    ready = loop.create_future()
+
+    def protocol() -> LaneClient:
+        lane = factory()
+        lane.expect(address[3 if kind == "tcp" else 2], gateway_id, ready)
+        return lane
+
     if kind == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -293,12 +449,17 @@ async def connect(loop: asyncio.AbstractEventLoop, address: tuple, gateway_id: s
         except BaseException:
             sock.close()
             raise
-        _, lane = await loop.create_unix_connection(factory, sock=sock)
-        secret = address[2]
+        _, lane = await loop.create_unix_connection(protocol, sock=sock)
     elif kind == "tcp":
-        _, lane = await loop.create_connection(factory, address[1], address[2])
-        secret = address[3]
+        _, lane = await loop.create_connection(protocol, address[1], address[2], ssl=_pinned(address[4]),
+                                               ssl_handshake_timeout=timeout_s)
     else:
         raise ValueError(f"unknown lane address kind {kind!r}")
-    lane.transport.write(hello(secret, gateway_id))
+    try:
+        await asyncio.wait_for(ready, timeout_s)
+    except BaseException:
+        lane.close()
+        raise
+    if not lane.open:
+        raise ConnectionError("lane closed as it opened")
     return lane

@@ -1,13 +1,17 @@
-"""Lanes (router/lane.py): framing, the hello, replies in order, pushes, a broken peer; and the shard
-client's move from Ray calls to a lane (gateways/shardclient.py)."""
+"""Lanes (router/lane.py): framing, the challenge and hello, TLS on TCP lanes, replies in order,
+pushes, a broken or hostile peer; and the shard client's move from Ray calls to a lane
+(gateways/shardclient.py). Real sockets throughout."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import secrets
 import socket
+import ssl
 import struct
 import threading
+import time
 import types
 
 import pytest
@@ -32,6 +36,17 @@ def test_a_frame_over_the_limit_is_refused_before_it_is_buffered():
         reader.feed(struct.pack("!I", lane.MAX_FRAME_BYTES + 1) + b"x")
 
 
+def test_before_the_hello_frames_are_small_and_taken_one_at_a_time():
+    reader = lane.FrameReader(lane.PREAUTH_FRAME_BYTES)
+    with pytest.raises(lane.LaneError, match="exceeds"):
+        reader.feed(struct.pack("!I", lane.PREAUTH_FRAME_BYTES + 1))
+    reader = lane.FrameReader(lane.PREAUTH_FRAME_BYTES)
+    big = lane.encode(b"x" * lane.PREAUTH_FRAME_BYTES * 2)
+    assert reader.feed(lane.encode("a") + big, 1) == [lane.encode("a")[4:]]  # the big one waits
+    reader.limit = lane.MAX_FRAME_BYTES  # authenticated
+    assert reader.feed(b"") == [big[4:]]
+
+
 class _Shard:
     """A stand-in for a shard's state: records the batches, answers each command in order."""
 
@@ -54,6 +69,14 @@ class _Shard:
         return results, ("shard", "e1", len(self.seen), [("for-caller", gateway_id)])
 
 
+def _address(server: lane.LaneServer, kind: str) -> tuple:
+    """What the shard's ``open_lane`` hands a gateway."""
+    if kind == "unix":
+        return ("unix", server.unix_address(), server.secret)
+    host, port = server.tcp_address("127.0.0.1")
+    return ("tcp", host, port, server.secret, server.certificate)
+
+
 async def _client(address: tuple, gateway_id: str):
     loop = asyncio.get_running_loop()
     replies: asyncio.Queue = asyncio.Queue()
@@ -73,15 +96,11 @@ def test_batches_are_answered_in_order_and_pushes_reach_the_other_gateway(kind):
     shard = _Shard()
     server = shard.server = lane.LaneServer("topic-shard-0", shard.execute)
     try:
-        if kind == "unix":
-            address = ("unix", server.unix_address(), server.secret)
-        else:
-            host, port = server.tcp_address("127.0.0.1")
-            address = ("tcp", host, port, server.secret)
+        address = _address(server, kind)
 
         async def scenario():
-            one, replies_one, pushes_one, _ = await _client(address, "gw-1")
-            two, replies_two, pushes_two, _ = await _client(address, "gw-2")
+            one, replies_one, pushes_one, lost_one = await _client(address, "gw-1")
+            two, replies_two, pushes_two, lost_two = await _client(address, "gw-2")
             for n in range(50):
                 one.call([("op", n), ("op", n + 1000)])
             two.call([("fail",), ("push", "gw-1", "hello")])
@@ -97,25 +116,94 @@ def test_batches_are_answered_in_order_and_pushes_reach_the_other_gateway(kind):
             assert sorted(server.connected()) == ["gw-1", "gw-2"]
             one.close()
             two.close()
+            await asyncio.wait_for(asyncio.gather(lost_one, lost_two), 5)  # TLS says goodbye first
 
         asyncio.run(scenario())
         assert shard.threads == {"lane-topic-shard-0"}  # every batch ran on the lane's thread
         assert server.push("gw-unknown", ("s", "e", 0, [])) is False
+        assert server.refused == 0
     finally:
         server.close()
 
 
-def test_a_wrong_secret_is_closed_without_unpickling_anything():
+def test_a_push_right_behind_the_shards_proof_is_not_held_to_the_pre_auth_limit():
+    """The shard may push to a gateway as soon as it has let it in: a large push can arrive in the
+    same read as the proof."""
+    shard = _Shard()
+    server = shard.server = lane.LaneServer("topic-shard-8", shard.execute)
+    address = _address(server, "unix")
+    big = "y" * (lane.PREAUTH_FRAME_BYTES * 4)
+
+    def attach_and_push(gateway_id: str, lane_: object, attach=server.attach) -> None:
+        attach(gateway_id, lane_)
+        server.push(gateway_id, ("shard", "e1", 0, [big]))  # right behind the proof, as a rule in one read
+
+    server.attach = attach_and_push
+    try:
+        async def scenario():
+            client, _, pushes, lost = await _client(address, "gw-1")
+            assert await asyncio.wait_for(pushes.get(), 5) == ("shard", "e1", 0, [big])
+            client.close()
+            await asyncio.wait_for(lost, 5)
+
+        asyncio.run(scenario())
+    finally:
+        server.close()
+
+
+# -- peers that do not know the secret ---------------------------------------------------------
+
+def _raw(server: lane.LaneServer, kind: str) -> socket.socket:
+    """A plain socket to the server (no TLS, no handshake): what any local or network peer can open."""
+    if kind == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.unix_address())
+        return sock
+    return socket.create_connection(server.tcp_address("127.0.0.1"), timeout=5)
+
+
+def _tls(server: lane.LaneServer) -> ssl.SSLSocket:
+    """A TLS socket to the server's TCP lane that trusts its certificate, as a gateway does."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.load_verify_locations(cadata=_address(server, "tcp")[4])
+    return context.wrap_socket(_raw(server, "tcp"))
+
+
+def _transport(server: lane.LaneServer, kind: str) -> socket.socket:
+    """A socket as far as a gateway's gets before the handshake: plain on Unix, TLS on TCP."""
+    return _raw(server, kind) if kind == "unix" else _tls(server)
+
+
+def _until_closed(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """Everything the peer sends until it closes (raises if it is still open after ``timeout``)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def _challenge_only(data: bytes) -> bool:
+    """The shard's first frame, a random nonce, and nothing after it."""
+    return data[:4] == struct.pack("!I", lane.NONCE_BYTES) and len(data) == 4 + lane.NONCE_BYTES
+
+
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+def test_a_wrong_secret_is_refused_before_anything_is_sent_or_unpickled(kind):
     shard = _Shard()
     server = lane.LaneServer("registry-shard-1", shard.execute)
     try:
-        address = ("unix", server.unix_address(), b"\x00" * lane.SECRET_BYTES)
+        address = list(_address(server, kind))
+        address[3 if kind == "tcp" else 2] = b"\x00" * lane.SECRET_BYTES
+        forged = tuple(address)
 
         async def scenario():
-            client, replies, _, lost = await _client(address, "intruder")
-            client.call([("op", 1)])
-            await asyncio.wait_for(lost, 5)
-            assert replies.empty()
+            with pytest.raises(lane.LaneError):
+                await _client(forged, "intruder")
 
         asyncio.run(scenario())
         assert shard.seen == []
@@ -125,17 +213,176 @@ def test_a_wrong_secret_is_closed_without_unpickling_anything():
         server.close()
 
 
-def test_a_peer_announcing_a_huge_frame_is_disconnected():
+def test_the_old_hello_with_the_right_secret_is_refused():
+    """The secret itself never crosses the lane: a peer that sends it (as the first version's hello
+    did, or after sniffing it) is refused."""
+    shard = _Shard()
+    server = lane.LaneServer("registry-shard-2", shard.execute)
+    server.hello_timeout_s = 60  # the refusal is the hello's, not the deadline's
+    try:
+        with _raw(server, "unix") as sock:
+            body = server.secret + b"gw-old"
+            sock.sendall(struct.pack("!I", len(body)) + body)
+            assert _challenge_only(_until_closed(sock))
+        assert server.refused == 1
+        assert server.connected() == [] and shard.seen == []
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+def test_a_peer_that_says_nothing_is_closed_at_the_hello_deadline(kind):
+    shard = _Shard()
+    server = lane.LaneServer("session-shard-2", shard.execute)
+    server.hello_timeout_s = 0.3
+    try:
+        opened = time.monotonic()
+        with _transport(server, kind) as sock:
+            assert _challenge_only(_until_closed(sock))
+        assert time.monotonic() - opened >= 0.3
+        assert server.refused == 1
+        assert server.connected() == []
+    finally:
+        server.close()
+
+
+def test_a_tcp_peer_that_never_starts_tls_is_closed_at_the_hello_deadline():
+    server = lane.LaneServer("session-shard-4", _Shard().execute)
+    server.hello_timeout_s = 0.3
+    try:
+        with _raw(server, "tcp") as sock:
+            assert _until_closed(sock) == b""
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("kind", ["unix", "tcp"])
+def test_a_large_frame_before_the_hello_is_refused_at_once(kind):
+    """The header alone (1 MiB announced, far under the authenticated limit) closes the lane:
+    nothing is buffered for a peer that has not proven it knows the secret."""
+    shard = _Shard()
+    server = lane.LaneServer("session-shard-3", shard.execute)
+    server.hello_timeout_s = 60
+    try:
+        with _transport(server, kind) as sock:
+            sock.sendall(struct.pack("!I", 1 << 20))
+            assert _challenge_only(_until_closed(sock))
+        assert server.refused == 1
+        assert server.connected() == [] and shard.seen == []
+    finally:
+        server.close()
+
+
+TRIPPED: list[str] = []
+
+
+def _trip(what: str) -> None:
+    TRIPPED.append(what)
+
+
+class _Tripwire:
+    """Unpickling it calls ``_trip``: any pickle can run code in the process that loads it."""
+
+    def __reduce__(self):
+        return (_trip, ("unpickled",))
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+@pytest.mark.parametrize("opening", ["a pickle first", "a made-up proof, then a pickle", "a 1 MiB frame first"])
+def test_a_shard_that_does_not_know_the_secret_cannot_make_the_gateway_unpickle(opening):
+    """Nor make it buffer a large frame: the gateway hangs up."""
+    TRIPPED.clear()
+    path = f"\0router-fake-shard-{secrets.token_hex(6)}"
+    malicious = lane.encode((lane.REPLY, [_Tripwire()], None))
+
+    async def scenario():
+        hung_up = asyncio.get_running_loop().create_future()
+
+        async def fake_shard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if opening == "a 1 MiB frame first":
+                writer.write(struct.pack("!I", 1 << 20))
+            else:
+                if opening != "a pickle first":
+                    writer.write(_frame(secrets.token_bytes(32)))  # a challenge
+                    (length,) = struct.unpack("!I", await reader.readexactly(4))
+                    await reader.readexactly(length)  # the gateway's hello
+                    writer.write(_frame(secrets.token_bytes(32)))  # a proof made up without the secret
+                writer.write(malicious)
+            await reader.read()  # until the gateway hangs up
+            hung_up.set_result(True)
+            writer.close()
+
+        fake = await asyncio.start_unix_server(fake_shard, path)
+        try:
+            connecting = asyncio.ensure_future(_client(("unix", path, secrets.token_bytes(32)), "gw-1"))
+            await asyncio.wait([hung_up, connecting], timeout=5)
+            assert TRIPPED == []
+            assert hung_up.done()  # the gateway closed the lane
+            assert isinstance(connecting.exception(), lane.LaneError)
+        finally:
+            fake.close()
+
+    asyncio.run(scenario())
+
+
+# -- TLS on TCP lanes --------------------------------------------------------------------------
+
+def test_a_plaintext_peer_on_a_tcp_lane_sees_nothing_in_the_clear():
+    """TCP lanes are TLS: a peer speaking the lane protocol in the clear (here the first version's
+    hello, with the right secret) gets no frame, at most a TLS alert, and is closed."""
+    shard = _Shard()
+    server = lane.LaneServer("topic-shard-5", shard.execute)
+    server.hello_timeout_s = 60
+    try:
+        with _raw(server, "tcp") as sock:
+            body = server.secret + b"gw-plain"
+            sock.sendall(struct.pack("!I", len(body)) + body)
+            data = _until_closed(sock)
+            assert data == b"" or data[0] == 0x15  # nothing, or a TLS alert record
+        assert server.connected() == [] and shard.seen == []
+    finally:
+        server.close()
+
+
+def test_a_tcp_lane_is_tls_pinned_to_the_shards_own_certificate():
+    shard = _Shard()
+    server = lane.LaneServer("topic-shard-6", shard.execute)
+    other = lane.LaneServer("topic-shard-7", shard.execute)
+    try:
+        with _tls(server) as sock:
+            assert sock.version() == "TLSv1.3"
+            sock.settimeout(5)
+            assert sock.recv(4) == struct.pack("!I", lane.NONCE_BYTES)  # the challenge, inside TLS
+
+        # A gateway handed another shard's certificate (an impostor on this address) stops at TLS.
+        impostor = _address(server, "tcp")[:4] + (_address(other, "tcp")[4],)
+
+        async def scenario():
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await _client(impostor, "gw-1")
+
+        asyncio.run(scenario())
+        assert server.connected() == [] and shard.seen == []
+    finally:
+        server.close()
+        other.close()
+
+
+def test_an_authenticated_peer_announcing_a_huge_frame_is_disconnected():
     shard = _Shard()
     server = lane.LaneServer("session-shard-0", shard.execute)
     try:
-        host, port = server.tcp_address("127.0.0.1")
-        with socket.create_connection((host, port), timeout=5) as sock:
-            sock.sendall(lane.hello(server.secret, "gw-x"))
-            sock.sendall(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
-            sock.settimeout(5)
-            assert sock.recv(10) == b""  # closed by the shard
-        assert shard.seen == []
+        async def scenario():
+            client, _, _, lost = await _client(_address(server, "tcp"), "gw-x")
+            assert server.connected() == ["gw-x"]
+            client.transport.write(struct.pack("!I", lane.MAX_FRAME_BYTES + 1))
+            await asyncio.wait_for(lost, 5)  # closed by the shard
+
+        asyncio.run(scenario())
+        assert shard.seen == [] and server.refused == 0
     finally:
         server.close()
 
@@ -143,7 +390,7 @@ def test_a_peer_announcing_a_huge_frame_is_disconnected():
 def test_closing_the_server_ends_the_lanes():
     shard = _Shard()
     server = lane.LaneServer("topic-shard-9", shard.execute)
-    address = ("unix", server.unix_address(), server.secret)
+    address = _address(server, "unix")
 
     async def scenario():
         client, replies, _, lost = await _client(address, "gw-1")
@@ -187,7 +434,7 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
 
     shard = _Shard()
     server = shard.server = lane.LaneServer("topic-shard-3", shard.execute)
-    address = ("unix", server.unix_address(), server.secret)
+    address = _address(server, "unix")
     handle = types.SimpleNamespace(open_lane=_RayMethod(lambda node_id: address), handle=_RayMethod(None))
     try:
         async def scenario():
