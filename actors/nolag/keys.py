@@ -12,6 +12,9 @@ ACL patterns match topic slugs ``app/room/topic`` segment by segment:
 - ``*`` (or ``+``, as in MQTT) matches exactly one segment;
 - ``#``, only as the last segment, matches one or more remaining segments (``#`` alone: every topic).
 So ``chat/*/messages`` allows ``chat/general/messages``, ``chat/#`` every topic of app ``chat``.
+
+Presence rooms are the middle segment of topics, so a key reaches a room when one of its
+subscribe patterns matches some topic ``app/<room>/topic`` (:func:`pattern_reaches_room`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,14 @@ def pattern_matches(pattern: str, topic: str) -> bool:
     return len(parts) == len(segments)
 
 
+def pattern_reaches_room(pattern: str, room: str | None) -> bool:
+    """Whether ``pattern`` matches some topic ``app/<room>/topic``; with ``room`` None, one of every room."""
+    segments = parse_pattern(pattern)
+    if segments[0] == "#" or (len(segments) > 1 and segments[1] == "#"):
+        return True
+    return len(segments) == 3 and segments[1] in ("*", room)  # topics have exactly three segments
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     key_id: str
@@ -81,6 +92,11 @@ class KeyRecord:
 
     def can_subscribe(self, topic: str) -> bool:
         return any(pattern_matches(pattern, topic) for pattern in self.subscribe)
+
+    def can_subscribe_room(self, room: str | None) -> bool:
+        """A room's presence is its subscribers': the key may take part if it may subscribe to a
+        topic of the room (``None``: of every room, for the project's presence and prefix lobbies)."""
+        return any(pattern_reaches_room(pattern, room) for pattern in self.subscribe)
 
     def to_dict(self) -> dict:
         record = asdict(self)

@@ -25,6 +25,11 @@ from router.shardmap import SESSION, TOPIC
 logger = logging.getLogger(__name__)
 
 PRUNE_EVERY_MS = 60_000
+# A topic's last stamp matters only while the clock could still be at or below it (a burst runs
+# stamps ahead of the clock; a wall clock may step back a little): older ones are dropped, so the
+# map does not keep every topic a client ever named.
+STAMPS_KEPT_MS = 5_000
+STAMPS_PRUNED_EVERY_MS = 1_000
 MAX_SEEN = 1000  # QoS 2 ids kept per actor
 # Logged messages kept in memory while the message log cannot store them (retried every batch);
 # beyond this the oldest are dropped, and said so.
@@ -42,7 +47,8 @@ class NolagTopics(Component):
         self.lobby_listeners: dict[tuple[str, str], tuple[Lobby, set[Location]]] = {}
         self._log: MessageLog | None = None
         self._log_pending: list[LogRecord] = []
-        self._topic_ts: dict[str, int] = {}
+        self._topic_ts: dict[str, int] = {}  # topic key -> its last stamp, while it matters
+        self._stamps_pruned_at = 0
         self._next_prune = 0
 
     def operations(self) -> dict[str, Handler]:
@@ -81,7 +87,8 @@ class NolagTopics(Component):
     def subscribe(self, gateway_id: str, key: str, connection_id: int, actor: str, filters: tuple[str, ...],
                   qos: int, group: str | None) -> int:
         self.subscriptions.subscribe(key, (gateway_id, connection_id), filters, qos, group)
-        return self._topic_ts.get(key, self.now)
+        # Without a stamp kept, every message so far is older than now and the next is stamped now or later.
+        return self._topic_ts.get(key, self.now - 1)
 
     def unsubscribe(self, gateway_id: str, key: str, connection_id: int) -> bool:
         return self.subscriptions.unsubscribe(key, (gateway_id, connection_id))
@@ -169,6 +176,17 @@ class NolagTopics(Component):
         return True
 
     # -- hooks ----------------------------------------------------------------------------
+
+    def before_batch(self) -> None:
+        now = self.now
+        if not self._stamps_pruned_at <= now < self._stamps_pruned_at + STAMPS_PRUNED_EVERY_MS:
+            self._stamps_pruned_at = now  # also when the clock stepped back
+            horizon = now - STAMPS_KEPT_MS
+            # a new dict: deleting keys never shrinks one
+            self._topic_ts = {key: ts for key, ts in self._topic_ts.items() if ts >= horizon}
+
+    def stats(self) -> dict[str, Any]:
+        return {"nolag_topic_stamps": len(self._topic_ts)}
 
     def _locations(self) -> set[Location]:
         """Every connection this component holds anything of, in any of its indexes."""

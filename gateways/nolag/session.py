@@ -3,6 +3,8 @@
 Order of checks on every frame, before any work: the empty heartbeat, the size (42930), the rate
 (42910), decoding, authentication. A publish then passes the quota (42920), the ACL
 (``not_authorized``) and the subscription check (``not_subscribed``), as the broker does.
+Presence, ``getPresence`` and lobby requests pass the key's subscribe ACL over their rooms
+(``not_authorized``): a room's presence is shared by the subscribers of its topics.
 
 Where the state lives:
 - topic shards own topics (``nolag/<project>/<topic>``: subscribers with filters, QoS and
@@ -241,9 +243,11 @@ class NolagSession(DialectSession):
         elif isinstance(request, codec.BatchAck):
             self.qos.acked(*request.msg_ids)
         elif isinstance(request, codec.Presence):
+            self._check_room(request.room_id)
             key = room_key(self.project, request.room_id)
             self._ask(key, nolag.presence(key, self.wire.id, self.actor, request.data, now_ms()), None)
         elif isinstance(request, codec.GetPresence):
+            self._check_room(request.room_id)
             key = room_key(self.project, request.room_id)
             room = request.room_id
             self._ask(key, nolag.presence_list(key), lambda entries: self._send(codec.presence_list(room, entries)))
@@ -481,15 +485,23 @@ class NolagSession(DialectSession):
 
     # -- presence and lobbies -------------------------------------------------------------------
 
+    def _check_room(self, room: str | None) -> None:
+        """The key's ACL, as for a subscribe: presence is shared by the subscribers of the room's topics."""
+        if not self.key.can_subscribe_room(room):
+            where = "every room" if room is None else f"room {room!r}"
+            raise codec.nolag_error("not_authorized", f"the key may not subscribe to a topic of {where}")
+
     def _lobby(self, lobby_id: str, subscribe: bool | None) -> None:
         lobby = self.config.lobbies.get(lobby_id)
         if lobby is None:
             raise NolagError("unknown_lobby", None, f"no lobby {lobby_id!r} is configured")
-        if subscribe is False:
+        if subscribe is False:  # leaving reads nothing: no ACL
             self.lobbies.discard(lobby_id)
             self._ask_all(nolag.lobby_unsubscribe(lobby_id, self.wire.id),
                           lambda _: self._send(codec.lobby_unsubscribed(lobby_id)))
             return
+        for room in lobby.rooms if lobby.rooms is not None else [None]:  # a prefix lobby: every room
+            self._check_room(room)
         spec = LobbySpec(self.project, tuple(lobby.rooms) if lobby.rooms is not None else None, lobby.prefix)
         command = nolag.lobby_subscribe(lobby_id, spec, self.wire.id, bool(subscribe))
         if subscribe:

@@ -15,8 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import ray
 
 from actors.nolag.keys import KeyStore
+from router import contract
+from router.shardmap import TOPIC as TOPIC_SHARD, shard_name
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.nolag_client import Client
@@ -213,6 +216,44 @@ def test_filters_route_and_set_filters_replaces_them(nolag):
             await client.close()
 
     run(scenario())
+
+
+def _topic_stamps(nolag) -> int:
+    """How many topics the topic shards keep a last stamp of (a ``core.stats`` batch runs their timers first)."""
+    settings = nolag.running.settings
+    shards = [ray.get_actor(shard_name(TOPIC_SHARD, i), namespace=settings.namespace)
+              for i in range(settings.shards.topic)]
+    answers = ray.get([shard.handle.remote("stamps-probe", [contract.stats()]) for shard in shards], timeout=30)
+    return sum(results[0]["nolag_topic_stamps"] for results, _ in answers)
+
+
+def test_topic_stamps_are_forgotten_once_the_clock_has_passed_them(nolag):
+    """Each client-chosen topic left a stamp in its shard for ever; now only while it still matters."""
+    topics = [f"stamps/r{i}/t" for i in range(200)]
+
+    async def scenario():
+        client = await Client.open(nolag.urls[0], nolag.token(rate_limit_per_s=1000))
+        for ref, topic in enumerate(topics):
+            await client.subscribe(topic, qos=0)
+            await client.publish(topic, ref, qos=0, echo=False, msgRef=ref)
+            assert await client.recv() == {"type": "published", "topic": topic, "msgRef": ref}
+        assert await asyncio.to_thread(_topic_stamps, nolag) >= len(topics)
+        await client.close()  # silent for longer than heartbeat_timeout_s while the stamps go stale
+        await eventually(lambda: asyncio.to_thread(lambda: _topic_stamps(nolag) == 0), timeout=20, interval=0.5)
+        # Stamps of a forgotten topic still increase.
+        writer = await Client.open(nolag.urls[0], nolag.token())
+        reader = await Client.open(nolag.urls[1], nolag.token())
+        for each in (writer, reader):
+            await each.subscribe(topics[0], qos=0)
+        for data in ("after", "again"):
+            await writer.publish(topics[0], data, qos=0, echo=False)
+        first, second = await reader.expect("message"), await reader.expect("message")
+        assert (first["data"], second["data"]) == ("after", "again")
+        assert first["timestamp"] < second["timestamp"]
+        for each in (writer, reader):
+            await each.close()
+
+    run(scenario(), timeout=90)
 
 
 def test_error_codes(nolag):
