@@ -10,13 +10,17 @@ from typing import NamedTuple
 
 from actors.cashu.retained import Retained
 
-__all__ = ["Op", "Retained", "RetainedEvent", "Stored", "subscribe", "set_state", "init_state"]
+__all__ = ["Op", "Retained", "RetainedEvent", "Stored", "subscribe", "subscribe_many", "unsubscribe_many",
+           "set_state", "init_state", "init_many"]
 
 
 class Op:
     SUBSCRIBE = "cashu.subscribe"
+    SUBSCRIBE_MANY = "cashu.subscribe_many"
+    UNSUBSCRIBE_MANY = "cashu.unsubscribe_many"
     SET = "cashu.set"
     INIT = "cashu.init"
+    INIT_MANY = "cashu.init_many"
 
 
 class Stored(NamedTuple):
@@ -40,6 +44,17 @@ def subscribe(key: str, connection_id: int) -> tuple:
     return (Op.SUBSCRIBE, key, connection_id)
 
 
+def subscribe_many(keys: tuple[str, ...], connection_id: int) -> tuple:
+    """``subscribe`` for several keys of one shard (a subscription's filters: one command per
+    shard, not per filter); answers a list, one :class:`Retained` or None per key."""
+    return (Op.SUBSCRIBE_MANY, keys, connection_id)
+
+
+def unsubscribe_many(keys: tuple[str, ...], connection_id: int) -> tuple:
+    """Unsubscribe from several keys of one shard; answers how many subscriptions there were."""
+    return (Op.UNSUBSCRIBE_MANY, keys, connection_id)
+
+
 def set_state(key: str, payload: bytes, meta: tuple | None = None) -> tuple:
     """Store a new state and deliver it to the subscribers; answers :class:`Stored`."""
     return (Op.SET, key, payload, meta)
@@ -48,3 +63,8 @@ def set_state(key: str, payload: bytes, meta: tuple | None = None) -> tuple:
 def init_state(key: str, payload: bytes, meta: tuple | None = None) -> tuple:
     """Store a state fetched from the mint unless one arrived meanwhile; answers the :class:`Retained` now."""
     return (Op.INIT, key, payload, meta)
+
+
+def init_many(keys: tuple[str, ...], payloads: tuple[bytes, ...]) -> tuple:
+    """``init_state`` for several keys of one shard; answers a list, the :class:`Retained` of each key."""
+    return (Op.INIT_MANY, keys, payloads)

@@ -69,6 +69,14 @@ class CashuConfig(Section):
     mint_url: str | None = None
     mint_timeout_s: float = Field(default=5, gt=0)
     mint_info_ttl_s: float = Field(default=60, ge=0)
+    # Requests to the mint per gateway: at most mint_max_requests in flight and mint_max_pending waiting
+    # or in flight; a lookup over that is not made (the object is unknown, as when the mint times out).
+    mint_max_requests: int = Field(default=16, ge=1)
+    mint_max_pending: int = Field(default=256, ge=1)
+    # A quote id the mint said it does not know is not asked again for this long (0: always asked);
+    # at most mint_unknown_cache_size ids are remembered per gateway, the oldest forgotten first.
+    mint_unknown_ttl_s: float = Field(default=30, ge=0)
+    mint_unknown_cache_size: int = Field(default=10_000, ge=1)
     request_timeout_s: float = Field(default=10, gt=0)
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
 

@@ -2,13 +2,16 @@
 
 Every subscribed object (a quote id or a proof Y) is a key ``cashu/<kind>/<id>`` owned by one topic
 shard, which keeps the object's last state (a retained value, :mod:`actors.cashu.retained`). A
-subscription sends ``rsub`` for each of its keys: the shard subscribes the connection and returns
-the current state in one step, so every later state reaches the connection as a delivery.
+subscription sends its keys to their shards: each shard subscribes the connection and returns the
+current states in one step, so every later state reaches the connection as a delivery.
+
+A subscription's keys are grouped by the shard that owns them: one command per shard, however
+many filters (``cashu.max_filters`` bounds them before any work).
 
 Order on the wire, per subscription: the OK reply, then the current state of each object, then
-every later change. The OK waits until every key's shard has answered; deliveries that arrive
-before that are held. Each state carries a version (per object), and a subscription forwards a
-state only if it is newer than the last one it forwarded, so neither the race between results and
+every later change. The OK waits until every shard has answered; deliveries that arrive before
+that are held. Each state carries a version (per object), and a subscription forwards a state
+only if it is newer than the last one it forwarded, so neither the race between results and
 deliveries nor a second subscription to the same object can reorder or repeat a state.
 """
 
@@ -18,7 +21,7 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 
@@ -29,6 +32,7 @@ from gateways.cashu.codec import Limits, RpcError, StateError, Subscribe, Unsubs
 from gateways.cashu.mint import MintClient
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
 from gateways.cashu.config import CashuConfig
+from gateways.shardclient import ShardLink
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.ratelimit import TokenBucket
@@ -58,7 +62,9 @@ class CashuDialect(Dialect):
         super().__init__(gateway)
         self.config = config
         self.limits = Limits(config.kinds, config.max_filters, config.max_filter_length, config.max_sub_id_length)
-        self.mint = (MintClient(config.mint_url, config.mint_timeout_s, config.mint_info_ttl_s)
+        self.mint = (MintClient(config.mint_url, config.mint_timeout_s, config.mint_info_ttl_s,
+                                config.mint_max_requests, config.mint_max_pending, config.mint_unknown_ttl_s,
+                                config.mint_unknown_cache_size)
                      if config.mint_url else None)
         self._api_key = None if config.state_api_key is None else config.state_api_key.get_secret_value().encode()
         self.notifications = 0
@@ -82,6 +88,8 @@ class CashuDialect(Dialect):
             "notifications": self.notifications,
             "states_pushed": self.pushed,
             "mint_requests": None if self.mint is None else self.mint.requests,
+            "mint_skipped": None if self.mint is None else self.mint.skipped,
+            "mint_unknown_remembered": None if self.mint is None else len(self.mint.unknown),
         }
 
     # -- GET /v1/info (NUT-06) ------------------------------------------------------------------
@@ -158,9 +166,9 @@ class _Subscription:
         self.objects = [(value, key) for key, value in objects.items()]
         self.prefix = codec.notification_prefix(request.sub_id)
         self.pending = True  # until the OK is written
-        self.waiting = len(self.objects)
+        self.waiting = 0  # shards that have not answered
         self.failed = False
-        self.initial: list[Any] = [None] * len(self.objects)
+        self.initial: dict[str, Any] = {}  # key -> its state when subscribed
         self.held: list[tuple] = []  # deliveries that came before the OK
         self.last: dict[str, int] = {}  # key -> version forwarded
         self.cancel_id: Any = None  # an unsubscribe that came while pending
@@ -230,9 +238,7 @@ class CashuSession(DialectSession):
     def released(self) -> None:
         for task in self.tasks:
             task.cancel()
-        shards, connection_id = self.shards, self.wire.id
-        for key in self.by_key:
-            shards.send(shards.link(TOPIC, key), contract.unsubscribe(key, connection_id))
+        self._unsubscribe_keys(self.by_key)
         self.by_key.clear()
         self.subs.clear()
 
@@ -252,19 +258,22 @@ class CashuSession(DialectSession):
         sub = _Subscription(request, meta)
         self.subs[sub.sub_id] = sub
         self.filters += len(sub.objects)
-        shards, connection_id = self.shards, self.wire.id
-        for index, (_, key) in enumerate(sub.objects):
+        for _, key in sub.objects:
             self.by_key.setdefault(key, {})[sub.sub_id] = sub
-            shards.send(shards.link(TOPIC, key), cashu.subscribe(key, connection_id),
-                        lambda result, sub=sub, index=index: self._subscribed(sub, index, result))
+        groups = self._by_shard(key for _, key in sub.objects)
+        sub.waiting = len(groups)
+        connection_id = self.wire.id
+        for link, keys in groups.items():
+            self.shards.send(link, cashu.subscribe_many(tuple(keys), connection_id),
+                             lambda result, sub=sub, keys=keys: self._subscribed(sub, keys, result))
 
-    def _subscribed(self, sub: _Subscription, index: int, result: Any) -> None:
+    def _subscribed(self, sub: _Subscription, keys: list[str], result: Any) -> None:
         if self.closed or self.subs.get(sub.sub_id) is not sub:
             return
         if isinstance(result, (ShardUnavailable, CommandError)):
             sub.failed = True
         else:
-            sub.initial[index] = result
+            sub.initial.update(zip(keys, result))
         sub.waiting -= 1
         if sub.waiting == 0:
             self._complete(sub)
@@ -285,7 +294,8 @@ class CashuSession(DialectSession):
             self._send(codec.encode_ok(sub.cancel_id, sub.sub_id))
             return
         unknown: list[tuple[str, str]] = []
-        for (value, key), current in zip(sub.objects, sub.initial):
+        for value, key in sub.objects:
+            current = sub.initial.get(key)
             if current is not None:
                 self._forward(sub, key, current.version, current.payload, sub.meta)
             else:
@@ -298,7 +308,7 @@ class CashuSession(DialectSession):
                 self._spawn(self._fetch(sub, unknown))
             else:
                 self._assume_unspent(sub, unknown)
-        sub.initial = []
+        sub.initial = {}
 
     def _assume_unspent(self, sub: _Subscription, objects: list[tuple[str, str]]) -> None:
         """A Y nobody has reported is unspent (as Nutshell answers), unless configured to say nothing."""
@@ -314,20 +324,24 @@ class CashuSession(DialectSession):
         found = await self.dialect.mint.fetch(sub.kind, ids)
         if self.closed:
             return
-        shards, missing = self.shards, []
+        fetched: dict[str, bytes] = {}  # key -> the state the mint gave
+        missing = []
         for (value, key), object_id in zip(objects, ids):
             state = found.get(object_id)
             if state is None:
                 missing.append((value, key))
-                continue
-            shards.send(shards.link(TOPIC, key), cashu.init_state(key, orjson.dumps(state)),
-                        lambda result, key=key: self._fetched(key, result))
+            else:
+                fetched[key] = orjson.dumps(state)
+        for link, keys in self._by_shard(fetched).items():
+            self.shards.send(link, cashu.init_many(tuple(keys), tuple(fetched[key] for key in keys)),
+                             lambda result, keys=keys: self._fetched(keys, result))
         if missing and self.subs.get(sub.sub_id) is sub:
             self._assume_unspent(sub, missing)
 
-    def _fetched(self, key: str, result: Any) -> None:
+    def _fetched(self, keys: list[str], result: Any) -> None:
         if not self.closed and not isinstance(result, (ShardUnavailable, CommandError)):
-            self.on_event(RetainedEvent(key, result.version, result.payload, None))
+            for key, current in zip(keys, result):
+                self.on_event(RetainedEvent(key, current.version, current.payload, None))
 
     def _unsubscribe(self, request: Unsubscribe) -> None:
         sub = self.subs.get(request.sub_id)
@@ -343,7 +357,7 @@ class CashuSession(DialectSession):
     def _remove(self, sub: _Subscription) -> None:
         self.subs.pop(sub.sub_id, None)
         self.filters -= len(sub.objects)
-        shards, connection_id = self.shards, self.wire.id
+        unheld = []
         for _, key in sub.objects:
             holders = self.by_key.get(key)
             if holders is None:
@@ -351,7 +365,20 @@ class CashuSession(DialectSession):
             holders.pop(sub.sub_id, None)
             if not holders:
                 del self.by_key[key]
-                shards.send(shards.link(TOPIC, key), contract.unsubscribe(key, connection_id))
+                unheld.append(key)
+        self._unsubscribe_keys(unheld)
+
+    def _unsubscribe_keys(self, keys: Iterable[str]) -> None:
+        connection_id = self.wire.id
+        for link, group in self._by_shard(keys).items():
+            self.shards.send(link, cashu.unsubscribe_many(tuple(group), connection_id))
+
+    def _by_shard(self, keys: Iterable[str]) -> dict[ShardLink, list[str]]:
+        """Keys grouped by the topic shard that owns them: one command per shard, not one per key."""
+        shards, groups = self.shards, {}
+        for key in keys:
+            groups.setdefault(shards.link(TOPIC, key), []).append(key)
+        return groups
 
     # -- frames out -----------------------------------------------------------------------------
 
