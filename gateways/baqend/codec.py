@@ -21,6 +21,7 @@ from actors.baqend.documents import check_nesting
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
 from router.errors import CommandError
+from router.nesting import MAX_NESTING, too_deep
 from router.ratelimit import TokenBucket
 
 MAX_ID_LENGTH = 256
@@ -68,6 +69,8 @@ def decode(data: bytes) -> Subscribe | Unsubscribe:
     sub_id = message.get("id")
     if not isinstance(sub_id, str) or not sub_id or len(sub_id) > MAX_ID_LENGTH:
         raise ProtocolError(f"Invalid message: id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+    if too_deep(message):  # before the query is compiled or anything is pickled to a shard
+        raise ProtocolError(f"Invalid message: a message may nest at most {MAX_NESTING} levels", sub_id=sub_id)
     kind = message.get("type")
     if kind == "unsubscribe":
         return Unsubscribe(sub_id)

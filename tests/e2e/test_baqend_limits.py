@@ -26,7 +26,7 @@ from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.rawws import client_frame, open_raw_websocket
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 SECRET = "baqend-limits-" + "0123456789abcdef" * 4
 SCHEMA = [{"class": "/db/Todo", "fields": {"name": {"name": "name", "type": "/db/String"},
@@ -366,3 +366,26 @@ def test_the_baqend_sdk_stays_connected_through_a_quiet_spell_longer_than_the_id
     assert [line["step"] for line in lines] == ["subscribed", "inserted", "event", "done"], lines
     inserted, event = lines[1], lines[2]
     assert (event["matchType"], event["operation"], event["key"]) == ("add", "insert", inserted["key"])
+
+
+# -- nesting ---------------------------------------------------------------------------------------
+
+
+def test_a_subscribe_nested_too_deep_is_refused_and_the_connection_goes_on(bounded):
+    """Before: a query value nested 600 levels ({"n": {"$in": [[[...]]]}}) overflowed the recursion
+    limit while the query compiled, and the gateway closed the connection with 1011."""
+    events_url, _, _ = urls(bounded)
+    bucket = fresh()
+    deep = "[" * 600 + "]" * 600
+
+    async def scenario():
+        events = await Events.open(events_url)
+        for field, value in (("query", f'{{"n": {{"$in": {deep}}}}}'), ("matchTypes", deep), ("operations", deep)):
+            await events.send(f'{{"id": "deep", "type": "subscribe", "bucket": "{bucket}", "{field}": {value}}}')
+            assert await events.recv() == error("deep", 400, "Bad Request",
+                                                "Invalid message: a message may nest at most 32 levels"), field
+        await events.subscribe("plain", bucket, initial=True)
+        assert await events.result("plain") == []
+        await events.close()
+
+    run(scenario())
