@@ -601,6 +601,7 @@ def test_the_baqend_sdk_writes_over_rest_and_follows_event_and_result_streams(ba
 # -- hostile input: what the store cannot hold, what a caller may not read -------------------------------------
 
 
+@pytest.mark.security
 def test_values_the_store_cannot_hold_get_400_naming_the_rule_and_every_shard_keeps_working(baqend):
     """Before: a 300-deep body, a $mul past 64 bits or a 300-part $set path was accepted, failed at
     commit and left its document shard failing every later batch."""
@@ -636,6 +637,7 @@ def test_values_the_store_cannot_hold_get_400_naming_the_rule_and_every_shard_ke
     run(scenario())
 
 
+@pytest.mark.security
 def test_a_write_answers_only_what_the_caller_may_read_and_hidden_answers_as_missing(baqend):
     """Before: an anonymous partial update of an owner-only document answered the whole document,
     and a hidden document answered 403 where a missing one answers 404."""
@@ -670,6 +672,7 @@ def test_a_write_answers_only_what_the_caller_may_read_and_hidden_answers_as_mis
     run(scenario())
 
 
+@pytest.mark.security
 def test_a_subscriber_that_loses_read_access_gets_the_last_image_it_could_see(baqend):
     """Before: the remove carried the new image (new content and the acl that hides it)."""
     (events_url, rest_url), _ = urls(baqend)

@@ -23,7 +23,7 @@ from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.test_cashu import endpoints
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 MINT_MAX_REQUESTS = 1
 MINT_MAX_PENDING = 2

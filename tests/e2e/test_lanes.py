@@ -72,6 +72,7 @@ def test_every_gateway_has_a_lane_to_every_shard_and_traffic_takes_it(laned):
     assert sum(stats["delivered"] for stats in after) - sum(stats["delivered"] for stats in before) >= 21
 
 
+@pytest.mark.security
 def test_a_gateway_on_another_node_routes_over_a_tls_lane(laned):
     """A gateway on another node gets TCP lanes, TLS pinned to each shard's certificate. The test
     process plays that gateway (the real shard client, with a node id that is not the shards') beside
@@ -132,6 +133,7 @@ def _until_closed(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.security
 def test_a_shards_lanes_let_in_only_peers_that_prove_the_secret(laned):
     """Whoever finds a shard's lane (its abstract Unix socket is listed in /proc/net/unix, its TCP
     port is on the network) and even knows the secret gets nothing without the handshake: the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlparse
 
+import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Opcode
 
@@ -130,6 +131,7 @@ def test_malformed_and_unknown_messages_get_errors_and_the_connection_stays(open
     run(scenario())
 
 
+@pytest.mark.security
 def test_a_message_nested_too_deep_is_refused_alone(open_hub):
     """Before: the value reached the shard client, pickling it failed, and the whole batch failed
     with it (every other client's command in that batch too)."""

@@ -29,7 +29,7 @@ from tests.e2e.mx_client import Consumer, Node
 from tests.e2e.rawws import client_frame
 from tests.e2e.test_mx import hub_stats, hub_urls
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 TOKEN = "e2e-node-token-" + "0123456789abcdef"
 IDLE_S = 3

@@ -227,6 +227,7 @@ def _topic_stamps(nolag) -> int:
     return sum(results[0]["nolag_topic_stamps"] for results, _ in answers)
 
 
+@pytest.mark.security
 def test_topic_stamps_are_forgotten_once_the_clock_has_passed_them(nolag):
     """Each client-chosen topic left a stamp in its shard for ever; now only while it still matters."""
     topics = [f"stamps/r{i}/t" for i in range(200)]

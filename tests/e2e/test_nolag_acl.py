@@ -18,7 +18,7 @@ from tests.e2e.client import run
 from tests.e2e.conftest import start_router
 from tests.e2e.nolag_client import Client
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 # A key limited to one room: it may subscribe and publish only in room "general" of app "chat".
 GENERAL_ONLY = {"publish": ["chat/general/#"], "subscribe": ["chat/general/#"]}

@@ -13,6 +13,8 @@ import pytest
 from tests.e2e.client import HUB, HubClient, eventually, run
 from tests.e2e.conftest import start_router
 
+pytestmark = pytest.mark.security
+
 ONLY_SIGNAL = {"cashu": {"enabled": False}, "mx": {"enabled": False}, "nolag": {"enabled": False},
                "baqend": {"enabled": False}}
 MAX_REGISTRATIONS = 3
