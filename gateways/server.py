@@ -181,6 +181,11 @@ class Connection(asyncio.Protocol):
         self.gateway.remove_connection(self)
         if self._http_task is not None:
             self._http_task.cancel()
+        # Let go of buffers now: a session's reference cycles keep this object until a full
+        # garbage collection, and a parse error's traceback keeps the parser's read buffer.
+        self._fragments = None
+        if self.ws is not None:
+            self.ws.parser_exc = None
         session, self.session = self.session, None
         if session is not None:
             try:

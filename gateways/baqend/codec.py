@@ -69,7 +69,8 @@ def decode(data: bytes) -> Subscribe | Unsubscribe:
     sub_id = message.get("id")
     if not isinstance(sub_id, str) or not sub_id or len(sub_id) > MAX_ID_LENGTH:
         raise ProtocolError(f"Invalid message: id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-    if too_deep(message):  # before the query is compiled or anything is pickled to a shard
+    if too_deep(message) or any(_too_deep_json(message.get(field)) for field in ("query", "sort")):
+        # Before the query is compiled (recursively) or anything is pickled to a shard.
         raise ProtocolError(f"Invalid message: a message may nest at most {MAX_NESTING} levels", sub_id=sub_id)
     kind = message.get("type")
     if kind == "unsubscribe":
@@ -97,6 +98,16 @@ def decode(data: bytes) -> Subscribe | Unsubscribe:
     spec = QuerySpec(bucket, _decoded(spec.query), _decoded(spec.sort), query.offset, query.limit,
                      spec.match_types, spec.operations, initial)
     return Subscribe(sub_id, spec, token or None)
+
+
+def _too_deep_json(value: Any) -> bool:
+    """A query or sort the SDK sends as a JSON string, nested too deep (level 2 of the message)."""
+    if not isinstance(value, str) or not value.strip():
+        return False
+    try:
+        return too_deep(orjson.loads(value), MAX_NESTING - 1)
+    except orjson.JSONDecodeError:
+        return False  # building the query names the error
 
 
 def _decoded(value: Any) -> Any:

@@ -125,16 +125,24 @@ def decode(data: bytes, marshaller: str) -> tuple[node.NodeFrame | None, Any]:
     try:
         frame = node.decode_node_frame(data, marshaller)
     except InvalidNodeFrame as invalid:
-        return None, invalid
+        return None, _bare(invalid)
     if frame.type == node.ACK:
         return frame, None  # nothing is sent to a node that would need acknowledging
     try:
         output = node.handle_payload(frame)
     except InvalidNodeFrame as invalid:
-        return frame, invalid
+        return frame, _bare(invalid)
     if isinstance(output, Ignored):
         return frame, output
     return frame, block_items(output)
+
+
+def _bare(invalid: InvalidNodeFrame) -> InvalidNodeFrame:
+    """The error without its traceback and context: their frames hold the whole refused frame
+    (up to 64 MiB), and when decoded in a worker thread they form a cycle only a full garbage
+    collection frees."""
+    invalid.__context__ = None
+    return invalid.with_traceback(None)
 
 
 class NodeIngestDialect(Dialect):

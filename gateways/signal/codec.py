@@ -127,7 +127,7 @@ def decode(data: bytes) -> Request:
     elif not isinstance(payload, dict):
         raise SignalError(INTERNAL_ERROR, "'payload' must be a JSON object",
                           {"reason": "invalid_message", "field": "payload"}, reply_id, sender)
-    if too_deep(payload, MAX_NESTING - 1):  # the envelope is level 1
+    if too_deep(message):  # the whole envelope: messages are relayed as they were sent
         raise SignalError(INTERNAL_ERROR, f"A message may nest at most {MAX_NESTING} levels",
                           {"reason": "too_deep"}, reply_id, sender)
     timestamp = message.get("timestamp")

@@ -3,6 +3,9 @@
 ``guarded``: one gateway with small limits so each one is reached quickly; loopback is not exempt
 from the per-address limit, and each test speaks from its own loopback address (127.0.0.N) so
 one test's sockets never count against another's.
+``fuzzed``: one gateway with every dialect at its default limits, except the per-connection and
+per-client rate limits, raised so that hostile frames reach the codecs instead of being refused
+as too many; the Cashu state feed on (``CASHU_FEED_KEY``) for a well-behaved mint.
 """
 
 from __future__ import annotations
@@ -15,6 +18,15 @@ import pytest
 from tests.e2e.conftest import RunningRouter, start_router
 
 _addresses = itertools.count(10)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/security/" in str(item.path):
+            item.add_marker(pytest.mark.security)
+
+
+CASHU_FEED_KEY = "fuzz-feed-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +49,24 @@ def guarded(ray_runtime: str, tmp_path_factory) -> RunningRouter:
             "connection_limit_exempt": [],
         },
         cashu={"max_outbound_bytes": 1 << 20},
+    )
+    yield running
+    running.router.stop()
+
+
+@pytest.fixture(scope="module")
+def fuzzed(ray_runtime: str, tmp_path_factory) -> RunningRouter:
+    running = start_router(
+        namespace="security-fuzzed",
+        data_dir=tmp_path_factory.mktemp("fuzzed-data"),
+        port=0,
+        gateways=1,
+        ray_dashboard=False,
+        shards={"session": 1, "topic": 1, "registry": 1, "document": 1, "query": 1},
+        signal={"rate_limit_per_minute": 6_000_000},
+        cashu={"state_api_key": CASHU_FEED_KEY, "rate_limit_per_second": 100_000, "rate_limit_burst": 100_000},
+        baqend={"subscribe_rate_limit_per_minute": 6_000_000, "subscribe_rate_limit_burst": 100_000,
+                "rest_rate_limit_per_minute": 6_000_000, "rest_rate_limit_burst": 100_000},
     )
     yield running
     running.router.stop()
