@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from websockets.protocol import OPEN
 
 from actors.eventwriter import EventLogWriterActor
+from gateways.addresses import address_key
 from gateways.dialect import HttpRequest, HttpResponse, HttpRoute
 from gateways.dialects import build_dialects, shard_kinds
 from gateways.server import Connection, Listener, frame_header
@@ -184,23 +185,22 @@ class Gateway:
         if len(self.connections) >= limits.max_connections:
             self.refused_connections["max_connections"] += 1
             return 503, b'{"error":"too_many_connections","message":"this gateway is at max_connections"}'
-        if self._per_ip.get(host, 0) >= limits.max_connections_per_ip and not self._exempt_host(host):
+        key = self.address_key(host)
+        if key is not None and self._per_ip.get(key, 0) >= limits.max_connections_per_ip:
             self.refused_connections["max_connections_per_ip"] += 1
             return 429, b'{"error":"too_many_connections","message":"too many connections from this address"}'
         return None
 
-    def _exempt_host(self, host: str) -> bool:
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False  # a Unix socket peer or an unparsable one: counted like any other
-        return any(address in network for network in self._exempt)
+    def address_key(self, host: str) -> str | None:
+        """The client ``host`` counts as for per-address limits; None when exempt (``gateways/addresses.py``)."""
+        return address_key(host, self._exempt)
 
     def add_connection(self, connection: Connection, host: str = "") -> int:
         self._next_connection_id += 1
         self.connections[self._next_connection_id] = connection
-        connection.host = host
-        self._per_ip[host] = self._per_ip.get(host, 0) + 1
+        connection.host = key = self.address_key(host)
+        if key is not None:
+            self._per_ip[key] = self._per_ip.get(key, 0) + 1
         if self._reading_paused:
             connection.transport.pause_reading()
         return self._next_connection_id
@@ -222,7 +222,7 @@ class Gateway:
                 logger.exception("connection %s: write failed", connection.id)
 
     def remove_connection(self, connection: Connection) -> None:
-        if self.connections.pop(connection.id, None) is None:
+        if self.connections.pop(connection.id, None) is None or connection.host is None:
             return
         count = self._per_ip.get(connection.host, 0) - 1
         if count > 0:

@@ -41,6 +41,7 @@ _TEXT = Opcode.TEXT
 _BINARY = Opcode.BINARY
 _CONT = Opcode.CONT
 _CLOSING = State.CLOSING
+HTTP_PARSE_SLICE = 1024  # bytes fed to the HTTP parser at a time (the pipelining cap is checked between)
 # After a refusal, the client's remaining bytes are read and dropped for this long, up to this many.
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 4 << 20
@@ -108,7 +109,7 @@ class Connection(asyncio.Protocol):
         self.id = 0
         self.transport: asyncio.Transport | None = None
         self.remote = ""
-        self.host = ""  # the peer's address, as counted for max_connections_per_ip
+        self.host: str | None = None  # the client max_connections_per_ip counts it as (None: exempt)
         self.path = ""
         self.query = ""
         self.ws: ServerProtocol | None = None
@@ -139,6 +140,10 @@ class Connection(asyncio.Protocol):
         self._requests: deque[tuple[HttpRequest, bool]] = deque()
         self._http_task: asyncio.Task | None = None
         self._drained: asyncio.Future | None = None
+        self._unparsed = b""  # read but not parsed: past max_pipelined_requests
+        self._last_word_due: bytes | None = None  # a refusal waiting for the answers before it
+        self._stalled_since: float | None = None  # held, and its output has not shrunk since
+        self._stalled_bytes = 0
         self._rejected = False
         self._discarded = 0  # bytes read and dropped after a refusal, while the client reads it
 
@@ -303,11 +308,12 @@ class Connection(asyncio.Protocol):
             return
         if self.ws is None:
             hold = (len(self._requests) >= self.gateway.settings.gateway.max_pipelined_requests
-                    or (self._paused and self._http_task is not None))
+                    or bool(self._unparsed) or (self._paused and self._http_task is not None))
         else:
             hold = self._paused and self.outbound_bytes() > self.max_outbound
         if hold != self._held:
             self._held = hold
+            self._stalled_since = None
             self.update_reading()
 
     def update_reading(self) -> None:
@@ -318,7 +324,18 @@ class Connection(asyncio.Protocol):
         if self._held or self.gateway.reading_paused:
             transport.pause_reading()
         else:
+            if self._request_started is not None and not self._held:
+                # The gateway stopped reading (a shard backlog): that time is not the client's.
+                self._request_started = time.monotonic()
             transport.resume_reading()
+
+    def _stalled(self, now: float, timeout: float) -> bool:
+        """Whether this held connection's unread output has not shrunk for ``timeout``."""
+        outbound = self.outbound_bytes()
+        if self._stalled_since is None or outbound < self._stalled_bytes:
+            self._stalled_since = now
+        self._stalled_bytes = outbound
+        return now - self._stalled_since > timeout
 
     @property
     def reading_held(self) -> bool:
@@ -331,12 +348,18 @@ class Connection(asyncio.Protocol):
 
     def tick(self, now: float) -> None:
         settings = self.gateway.settings.gateway
+        if self._held and self._paused:
+            if self._stalled(now, settings.stall_timeout_s):
+                self.abort()  # it asked for more than it reads, and has read nothing for stall_timeout_s
+                return
+        else:
+            self._stalled_since = None
         if self.ws is None:
             if self._rejected:
-                if now - self.closing_since > LINGER_S:
+                if self.closing_since is not None and now - self.closing_since > LINGER_S:
                     self.abort()
                 return
-            if self._held:
+            if self._held or self.gateway.reading_paused:
                 return
             started = self._request_started
             if started is not None:
@@ -413,23 +436,31 @@ class Connection(asyncio.Protocol):
     # -- HTTP -----------------------------------------------------------------------------
 
     def _http_received(self, data: bytes) -> None:
-        if self._request_started is None:
-            self._request_started = self.last_activity
-        if not self._headers_done:
-            self._head_bytes += len(data)
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as upgrade:
-            self._upgrade(data[upgrade.args[0]:])
-            return
-        except httptools.HttpParserError:
-            self._reject(400, b'{"error":"bad_request","message":"malformed HTTP request"}')
-            return
-        if self._rejected:
-            return
-        if not self._headers_done and self._head_bytes > self.gateway.settings.gateway.max_http_header_bytes:
-            self._headers_too_large()  # still no end of headers: llhttp would buffer them whole
-            return
+        """Parse in slices, and stop at ``max_pipelined_requests`` waiting: the rest of the read is
+        kept as bytes (at most one read) until answers make room, so a read of 256 KiB of tiny
+        pipelined requests never becomes thousands of request objects."""
+        limits = self.gateway.settings.gateway
+        position, size = 0, len(data)
+        while position < size and not self._rejected:
+            if len(self._requests) >= limits.max_pipelined_requests:
+                self._unparsed = data[position:]
+                break
+            piece = data[position:position + HTTP_PARSE_SLICE]
+            position += len(piece)
+            if self._request_started is None:
+                self._request_started = time.monotonic()
+            if not self._headers_done:
+                self._head_bytes += len(piece)
+            try:
+                self._parser.feed_data(piece)
+            except httptools.HttpParserUpgrade as upgrade:
+                self._upgrade(piece[upgrade.args[0]:] + data[position:])
+                return
+            except httptools.HttpParserError:
+                self._reject(400, b'{"error":"bad_request","message":"malformed HTTP request"}')
+                return
+            if not self._rejected and not self._headers_done and self._head_bytes > limits.max_http_header_bytes:
+                self._headers_too_large()  # still no end of headers: llhttp would buffer them whole
         self._update_hold()
         if self._requests and self._http_task is None:
             self._http_task = asyncio.get_running_loop().create_task(self._serve_http())
@@ -504,14 +535,22 @@ class Connection(asyncio.Protocol):
                     continue
                 request, keep_alive = self._requests.popleft()
                 response = await self._answer(request)
+                if self.transport.is_closing():
+                    return
                 self.transport.write(encode_http_response(response, keep_alive))
                 if not keep_alive:
                     self.transport.close()
                     return
+                if self._unparsed and not self._rejected:
+                    unparsed, self._unparsed = self._unparsed, b""
+                    self._http_received(unparsed)  # room again: parse what waited
                 self._update_hold()
         finally:
             self._http_task = None
             self.last_activity = time.monotonic()
+            due, self._last_word_due = self._last_word_due, None
+            if due is not None and not self.transport.is_closing():
+                self._last_word(due)  # a refusal, after the answers to the requests before it
             self._update_hold()
 
     async def _answer(self, request: HttpRequest) -> HttpResponse:
@@ -537,7 +576,12 @@ class Connection(asyncio.Protocol):
         if self._rejected:
             return
         self._rejected = True
+        self._unparsed = b""
         self.closing_since = time.monotonic()
+        if self._requests or self._http_task is not None:
+            self.closing_since = None  # lingers from when it is written
+            self._last_word_due = response  # the requests before it are answered first
+            return
         self._last_word(response)
 
     def _last_word(self, response: bytes) -> None:
@@ -545,6 +589,7 @@ class Connection(asyncio.Protocol):
         still sends: closing a socket with unread bytes sends a reset, which can destroy the
         answer before the client reads it (a 431 for 1 MB of headers, say)."""
         transport = self.transport
+        self.closing_since = time.monotonic()
         transport.write(response)
         if transport.can_write_eof():
             transport.write_eof()

@@ -135,6 +135,9 @@ class GatewayConfig(Section):
     # its first byte (408), and a connection idle between requests is closed after it.
     handshake_timeout_s: float = Field(default=10, gt=0)
     close_timeout_s: float = Field(default=5, gt=0)
+    # A client we stopped reading because it does not read its answers (or pongs) is dropped when
+    # its unread output has not shrunk for this long.
+    stall_timeout_s: float = Field(default=30, gt=0)
     max_http_body_bytes: int = Field(default=1 * MIB, ge=1024)
     # Request line and headers together, and how many headers: over either, 431.
     max_http_header_bytes: int = Field(default=16 * KIB, ge=1024, le=1 * MIB)

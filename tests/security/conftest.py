@@ -41,6 +41,7 @@ def guarded(ray_runtime: str, tmp_path_factory) -> RunningRouter:
         gateway={
             "sweep_interval_s": 0.1,
             "handshake_timeout_s": 1.5,
+            "stall_timeout_s": 6,
             "max_http_header_bytes": 4096,
             "max_http_headers": 20,
             "max_pipelined_requests": 4,

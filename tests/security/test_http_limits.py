@@ -8,6 +8,8 @@ import socket
 
 from websockets.frames import Opcode
 
+from gateways.server import HTTP_PARSE_SLICE
+from tests.e2e.baqend_client import Rest
 from tests.e2e.client import eventually, run
 from tests.e2e.rawws import client_frame
 from tests.security.conftest import connect, gateway_stats, main_port, own_address
@@ -105,14 +107,14 @@ def _flood(port: int, source: str, chunk: bytes, total: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # we never read: keep our side small
     sock.bind((source, 0))
     sock.connect(("127.0.0.1", port))
-    sock.settimeout(3)
+    sock.settimeout(1)
     data = chunk * (total // len(chunk))
     view = memoryview(data)
     try:
         while view:
             view = view[sock.send(view[:1 << 16]):]
     except TimeoutError:
-        pass  # full for 3 s: the gateway no longer reads us
+        pass  # full for 1 s: the gateway no longer reads us (it drops us after stall_timeout_s, 6 s)
     return sock
 
 
@@ -126,12 +128,69 @@ def test_pipelined_requests_that_are_never_read_stop_being_read(guarded):
         sock = await loop.run_in_executor(None, _flood, port, own_address(), HEALTH, len(HEALTH) * 400_000)
         try:
             stats = await eventually(lambda: _held(guarded), timeout=20)
-            assert stats["queued_http_requests"] <= 4 + 256 * 1024 // len(HEALTH)  # cap + one read
+            assert stats["queued_http_requests"] <= 4 + HTTP_PARSE_SLICE // len(HEALTH) + 1  # cap + one slice
             assert stats["outbound_bytes"] <= 1 << 20
         finally:
             sock.close()
 
     run(scenario(), timeout=90)
+
+
+def test_large_answers_pipelined_and_never_read_are_written_one_at_a_time(guarded):
+    """A 250 KB Baqend document asked for 300 times in one pipeline, never read: before, every
+    answer was buffered in the gateway (75 MB); now the next answer waits for the client to read."""
+    port = main_port(guarded)
+    source = own_address()
+    get = f"GET /v1/db/Big/big HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+    async def scenario():
+        async with Rest(f"http://127.0.0.1:{port}/v1", local_addr=(source, 0)) as rest:
+            await rest.insert("Big", "big", blob="x" * 250_000)
+        loop = asyncio.get_running_loop()
+        sock = await loop.run_in_executor(None, _flood, port, source, get, len(get) * 300)
+        try:
+            # Once an answer is stuck in the gateway (the socket's buffers are full), the rest wait unanswered.
+            stats = await eventually(lambda: _stuck(guarded), timeout=20)
+            assert stats["queued_http_requests"] <= 4 + HTTP_PARSE_SLICE // len(get) + 1
+            assert stats["outbound_bytes"] <= 2 * 256 * 1024
+        finally:
+            sock.close()
+
+    run(scenario(), timeout=90)
+
+
+def test_a_client_that_stops_reading_altogether_is_dropped_after_the_stall_timeout(guarded):
+    """A held client used to keep its socket and everything queued for it for as long as it liked."""
+    port = main_port(guarded)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        sock = await loop.run_in_executor(None, _flood, port, own_address(), HEALTH, len(HEALTH) * 400_000)
+        try:
+            await eventually(lambda: _held(guarded), timeout=20)
+            # stall_timeout_s is 6: the gateway lets go of it while our side is still open.
+            await eventually(lambda: _released(guarded), timeout=15)
+        finally:
+            sock.close()
+
+    run(scenario(), timeout=90)
+
+
+def test_a_refusal_comes_after_the_answers_to_the_requests_before_it(guarded):
+    """A refusal used to be written at once, ahead of the answer to an earlier pipelined request
+    (which was then dropped)."""
+    port = main_port(guarded)
+
+    async def scenario():
+        reader, writer = await connect(port, own_address())
+        writer.write(HEALTH + b"GET /health HTTP/1.1\r\n" + b"X: y\r\n" * 30 + b"\r\n")
+        raw = await asyncio.wait_for(reader.read(), 10)
+        first, _, rest = raw.partition(b"HTTP/1.1 431 ")
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b'"status":"ok"' in first
+        assert b'"error":"headers_too_large"' in rest
+        writer.close()
+
+    run(scenario())
 
 
 def test_pings_that_are_never_read_stop_being_read(guarded):
@@ -147,7 +206,7 @@ def test_pings_that_are_never_read_stop_being_read(guarded):
 
         def attack() -> socket.socket:
             sock = _flood(port, own_address(), handshake, len(handshake))
-            sock.settimeout(3)
+            sock.settimeout(1)
             head = b""
             while b"\r\n\r\n" not in head:
                 head += sock.recv(1024)
@@ -182,6 +241,7 @@ def test_connections_over_the_per_address_and_gateway_limits_are_refused(guarded
     async def scenario():
         await eventually(lambda: _quiet(guarded), timeout=20)  # earlier tests' sockets are gone
         first = own_address()
+        refused_before = (await gateway_stats(guarded))["refused_connections"]
         held = [await connect(port, first) for _ in range(5)]
         await eventually(lambda: _connections(guarded, 5))
         reader, writer = await connect(port, first)
@@ -197,7 +257,8 @@ def test_connections_over_the_per_address_and_gateway_limits_are_refused(guarded
                                                "message": "this gateway is at max_connections"})
         writer.close()
         stats = await gateway_stats(guarded)
-        assert stats["refused_connections"] == {"max_connections": 1, "max_connections_per_ip": 1}
+        assert stats["refused_connections"] == {"max_connections": refused_before["max_connections"] + 1,
+                                                "max_connections_per_ip": refused_before["max_connections_per_ip"] + 1}
         # A closed socket gives its place back, to its address and to the gateway.
         held.pop(0)[1].close()
         await eventually(lambda: _connections(guarded, 11))
@@ -209,6 +270,16 @@ def test_connections_over_the_per_address_and_gateway_limits_are_refused(guarded
             w.close()
 
     run(scenario())
+
+
+async def _stuck(running) -> dict | None:
+    stats = await gateway_stats(running)
+    return stats if stats["reading_held"] >= 1 and stats["outbound_bytes"] >= 100_000 else None
+
+
+async def _released(running) -> bool:
+    stats = await gateway_stats(running)
+    return stats["reading_held"] == 0 and stats["outbound_bytes"] == 0
 
 
 async def _connections(running, count: int) -> bool:

@@ -60,6 +60,7 @@ def test_defaults(tmp_path):
         "reorder_timeout_s": 2.0,
         "handshake_timeout_s": 10,
         "close_timeout_s": 5,
+        "stall_timeout_s": 30,
         "max_http_body_bytes": 1024 * 1024,
         "max_http_header_bytes": 16 * 1024,
         "max_http_headers": 100,
