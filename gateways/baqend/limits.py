@@ -11,9 +11,11 @@ from router.ratelimit import TokenBucket
 PRUNE_AT = 1024  # tracked clients before full buckets are forgotten (then twice the survivors)
 
 
-def address_client(remote: str) -> str:
-    """``host:port`` (IPv6 hosts have colons too) → the client of an anonymous request."""
-    return "ip:" + remote.rsplit(":", 1)[0]
+def address_client(remote: str, key: str | None) -> str:
+    """The client of an anonymous request from ``remote`` (``host:port``): its address as the
+    gateway counts it (``key``: IPv4, IPv6 /64), or, from an exempt address such as a load
+    balancer's (``key`` None), the connection itself."""
+    return "conn:" + remote if key is None else "ip:" + key
 
 
 def subject_client(subject: str) -> str:

@@ -105,6 +105,10 @@ class BaqendDialect(Dialect):
         self.limited = {"rest_rate": 0, "subscribe_rate": 0, "client_subscriptions": 0, "query_too_large": 0,
                         "token_expired": 0, "idle": 0}
 
+    def anonymous_client(self, remote: str) -> str:
+        """Who an anonymous request from ``remote`` (``host:port``) counts as for per-client limits."""
+        return address_client(remote, self.gateway.address_key(remote.rsplit(":", 1)[0]))
+
     def new_session(self, wire: Wire, request_headers: Any) -> "BaqendSession":
         return BaqendSession(self, wire)
 
@@ -159,7 +163,7 @@ class BaqendDialect(Dialect):
                 identity = self.identity(token.strip())
             except ProtocolError as error:
                 refused = RestError(401, error.message)
-        client = subject_client(identity.subject) if identity.subject else address_client(request.remote)
+        client = subject_client(identity.subject) if identity.subject else self.anonymous_client(request.remote)
         wait = self.rest_rates.take(client, time.monotonic())
         if wait:
             self.limited["rest_rate"] += 1
@@ -341,7 +345,7 @@ class BaqendSession(DialectSession):
         except ProtocolError as error:
             error.sub_id = sub_id
             raise
-        client = subject_client(identity.subject) if identity.subject else address_client(self.wire.remote)
+        client = subject_client(identity.subject) if identity.subject else dialect.anonymous_client(self.wire.remote)
         wait = dialect.subscribe_rates.take(client, time.monotonic())
         if wait:
             dialect.limited["subscribe_rate"] += 1

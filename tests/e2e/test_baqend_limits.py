@@ -53,7 +53,8 @@ def strict(ray_runtime, tmp_path_factory) -> RunningRouter:
     running = start_router(
         namespace="e2e-baqend-strict", data_dir=tmp_path_factory.mktemp("baqend-strict"), port=0, gateways=1,
         ray_dashboard=False, shards={"session": 1, "topic": 1, "document": 1, "query": 1}, **OFF,
-        gateway={"sweep_interval_s": 0.1},
+        # Loopback is exempt from per-address limits by default: here it stands for client addresses.
+        gateway={"sweep_interval_s": 0.1, "connection_limit_exempt": []},
         baqend={"auth": AUTH, "schema": SCHEMA, "max_subscriptions": 4, "max_client_subscriptions": 6,
                 "subscribe_rate_limit_per_minute": 6, "subscribe_rate_limit_burst": 10,
                 "rest_rate_limit_per_minute": 6, "rest_rate_limit_burst": 5,

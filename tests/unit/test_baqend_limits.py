@@ -12,8 +12,10 @@ from gateways.baqend.limits import ClientCounts, ClientRates, address_client, su
 
 
 def test_a_client_is_its_token_subject_or_its_address_without_the_port():
-    assert address_client("10.0.0.7:51234") == "ip:10.0.0.7"
-    assert address_client("::1:51234") == "ip:::1"
+    assert address_client("10.0.0.7:51234", "10.0.0.7") == "ip:10.0.0.7"
+    assert address_client("2001:db8::7:51234", "2001:db8::/64") == "ip:2001:db8::/64"
+    # From an exempt address (a load balancer's), each connection is a client of its own.
+    assert address_client("10.0.0.1:51234", None) == "conn:10.0.0.1:51234"
     assert subject_client("u1") == "user:u1"
 
 
