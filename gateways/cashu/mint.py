@@ -141,18 +141,22 @@ class MintClient:
             return body
         return None if cached is None else cached[1]  # the mint is down: its last known info
 
-    async def fetch(self, kind: str, object_ids: list[str]) -> dict[str, dict[str, Any]]:
+    async def fetch(self, kind: str, object_ids: list[str]) -> dict[str, dict[str, Any]] | None:
         """States of several objects of one kind: object id (as the key uses it) -> payload. Leaves
-        out quotes the mint recently said it does not know, and lookups over ``max_pending``."""
+        out quotes the mint recently said it does not know, and lookups over ``max_pending``; None
+        when a checkstate was over the budget and not made (nothing may be assumed of those Ys)."""
         if kind == PROOF_STATE:
             if not self._admit(1):  # one checkstate for all the Ys
-                return {}
+                return None
             try:
                 return await self.proof_states(object_ids)
             finally:
                 self.pending -= 1
         wanted = [quote_id for quote_id in object_ids if (kind, quote_id) not in self.unknown]
-        admitted = wanted[:self._admit(len(wanted))]
+        # One request takes at most a quarter of the budget: one client cannot use it all up.
+        share = min(len(wanted), max(1, self.max_pending // 4))
+        self.skipped += len(wanted) - share
+        admitted = wanted[:self._admit(share)]
         try:
             found = await asyncio.gather(*(self.quote(kind, quote_id) for quote_id in admitted))
         finally:

@@ -322,8 +322,8 @@ class CashuSession(DialectSession):
         """Ask the mint for objects the router has no state of; store what it says (unless newer came)."""
         ids = [key.rsplit("/", 1)[1] if sub.kind == codec.PROOF_STATE else value for value, key in objects]
         found = await self.dialect.mint.fetch(sub.kind, ids)
-        if self.closed:
-            return
+        if self.closed or found is None:
+            return  # not asked (over the budget) or not answered: say nothing rather than "unspent"
         fetched: dict[str, bytes] = {}  # key -> the state the mint gave
         missing = []
         for (value, key), object_id in zip(objects, ids):

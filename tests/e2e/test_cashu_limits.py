@@ -26,7 +26,8 @@ from tests.e2e.test_cashu import endpoints
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 MINT_MAX_REQUESTS = 1
-MINT_MAX_PENDING = 2
+MINT_MAX_PENDING = 8
+SHARE = MINT_MAX_PENDING // 4  # lookups one subscription may have waiting
 
 
 class ThreadedMint:
@@ -183,16 +184,41 @@ def test_lookups_over_the_pending_cap_are_not_made(limits):
         await eventually(lambda: _value(slow[0] in limits.mint.requests))
         limits.mint.release()
         # (stored by the shards that own them, which answer in either order)
-        notified = [await wallet.notification() for _ in range(MINT_MAX_PENDING)]
+        notified = [await wallet.notification() for _ in range(SHARE)]
         assert sorted(notified, key=lambda n: n[1]["quote"]) == [
-            ("s", mint_quote(quote, "UNPAID")) for quote in slow[:MINT_MAX_PENDING]]
+            ("s", mint_quote(quote, "UNPAID")) for quote in slow[:SHARE]]
         # The cap is free again: the next lookup is made, and the skipped ones never were.
         await wallet.expect_ok(await wallet.subscribe("bolt11_mint_quote", [later], "t"), "t")
         assert await wallet.notification() == ("t", mint_quote(later, "UNPAID"))
         await wallet.quiet()
         asked = [quote for quote in limits.mint.requests if quote in slow or quote == later]
-        assert asked == slow[:MINT_MAX_PENDING] + [later]
+        assert asked == slow[:SHARE] + [later]
         await wallet.close()
+
+    run(scenario())
+
+
+def test_a_full_lookup_budget_never_makes_a_proof_unspent(limits):
+    """A checkstate over the budget used to be answered as if the mint had said nothing: every Y
+    got unknown_proof_state ("unspent"). One client filling the budget made the router tell other
+    wallets that spent proofs were unspent; now such a Y gets no notification until it is known."""
+    held = [unique(f"slow-held{i}") for i in range(MINT_MAX_PENDING)]  # the mint holds "slow" ones
+    y = "03" + format(time.monotonic_ns() % 16**64, "064x")
+
+    async def scenario():
+        limits.mint.hold()
+        hog, victim = await Wallet.open(limits.ws_url), await Wallet.open(limits.ws_url)
+        for index in range(0, MINT_MAX_PENDING, SHARE):  # the budget, a share at a time
+            sub = f"h{index}"
+            await hog.expect_ok(await hog.subscribe("bolt11_mint_quote", held[index:index + SHARE], sub), sub)
+        await eventually(lambda: _value(sum(quote in limits.mint.requests for quote in held) >= MINT_MAX_REQUESTS))
+        await victim.expect_ok(await victim.subscribe("proof_state", [y], "p"), "p")
+        await victim.quiet()  # before: ("p", proof_state(y, "UNSPENT")) came first
+        limits.mint.release()
+        for _ in range(MINT_MAX_PENDING):
+            await hog.notification()
+        await hog.close()
+        await victim.close()
 
     run(scenario())
 
