@@ -82,14 +82,16 @@ def is_loopback(remote: str) -> bool:
     return (mapped or address).is_loopback
 
 
-def ingest_refusal(token: bytes | None, authorization: str | None, remote: str) -> str | None:
+def ingest_refusal(token: bytes | None, authorization: str | None, remote: str, forwarded: bool = False) -> str | None:
     """Why an upgrade on the ingest path is refused (NO_TOKEN, NOT_LOOPBACK), or None to accept.
 
     With a token, the ``Authorization: Bearer`` credential must equal it (compared in constant
-    time), wherever the peer is; without one, only loopback peers may push.
+    time), wherever the peer is; without one, only loopback peers may push, and not through a
+    proxy on this machine (``forwarded``: the request carries Forwarded / X-Forwarded-For), which
+    would make every client it relays look local.
     """
     if token is None:
-        return None if is_loopback(remote) else NOT_LOOPBACK
+        return None if is_loopback(remote) and not forwarded else NOT_LOOPBACK
     scheme, _, given = (authorization or "").strip().partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
         return NO_TOKEN
@@ -161,7 +163,8 @@ class NodeIngestDialect(Dialect):
         self.client: NodeClient | None = None
 
     def admit(self, request: HttpRequest) -> HttpResponse | None:
-        reason = ingest_refusal(self.token, request.header("authorization"), request.remote)
+        forwarded = request.header("forwarded") is not None or request.header("x-forwarded-for") is not None
+        reason = ingest_refusal(self.token, request.header("authorization"), request.remote, forwarded)
         if reason is None:
             return None
         self.counts["refused_" + reason] += 1

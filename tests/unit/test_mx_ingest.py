@@ -35,6 +35,9 @@ def test_without_a_token_only_loopback_peers_may_push():
     assert ingest_refusal(None, None, "127.0.0.1:5000") is None
     assert ingest_refusal(None, None, "::1:5000") is None
     assert ingest_refusal(None, None, "192.0.2.2:5000") == NOT_LOOPBACK
+    # Relayed by a proxy on this machine: local in appearance only.
+    assert ingest_refusal(None, None, "127.0.0.1:5000", forwarded=True) == NOT_LOOPBACK
+    assert ingest_refusal(b"a-node-token-of-16+", "Bearer a-node-token-of-16+", "127.0.0.1:5000", forwarded=True) is None
     # a credential means nothing while no token is configured
     assert ingest_refusal(None, "Bearer " + TOKEN.decode(), "192.0.2.2:5000") == NOT_LOOPBACK
 
