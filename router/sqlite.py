@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+BUSY_TIMEOUT_S = 10
 
 
 def open_wal(path: Path) -> sqlite3.Connection:
@@ -18,8 +21,18 @@ def open_wal(path: Path) -> sqlite3.Connection:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    # Switching a new file to WAL takes an exclusive lock and SQLite does not wait for it with the
+    # busy timeout: two shards opening one new file at once saw "database is locked" and died.
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
     db.execute("PRAGMA synchronous=NORMAL")
     return db
 
