@@ -25,17 +25,22 @@ def client_frame(opcode: Opcode, data: bytes, fin: bool = True) -> bytes:
     return Frame(opcode, data, fin).serialize(mask=True, extensions=[])
 
 
+async def read_server_frame(reader: asyncio.StreamReader, timeout: float = 10) -> tuple[int, bytes]:
+    """One (unmasked) server frame: (opcode, payload)."""
+    head = await asyncio.wait_for(reader.readexactly(2), timeout)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = int.from_bytes(await reader.readexactly(2), "big")
+    elif length == 127:
+        length = int.from_bytes(await reader.readexactly(8), "big")
+    return head[0] & 0x0F, await reader.readexactly(length)
+
+
 async def read_close_code(reader: asyncio.StreamReader) -> int:
     """Read server frames until a close frame; return its code."""
     while True:
-        head = await asyncio.wait_for(reader.readexactly(2), 10)
-        length = head[1] & 0x7F
-        if length == 126:
-            length = int.from_bytes(await reader.readexactly(2), "big")
-        elif length == 127:
-            length = int.from_bytes(await reader.readexactly(8), "big")
-        body = await reader.readexactly(length)
-        if head[0] & 0x0F == Opcode.CLOSE:
+        opcode, body = await read_server_frame(reader)
+        if opcode == Opcode.CLOSE:
             return int.from_bytes(body[:2], "big")
 
 

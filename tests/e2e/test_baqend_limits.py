@@ -24,7 +24,7 @@ from router.runtime import cluster_status
 from tests.e2e.baqend_client import Events, Rest, key_of
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
-from tests.e2e.rawws import client_frame, open_raw_websocket
+from tests.e2e.rawws import client_frame, open_raw_websocket, read_server_frame
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
@@ -309,16 +309,6 @@ def test_a_connection_without_subscriptions_that_sends_nothing_is_closed_1001(st
     run(scenario())
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    head = await asyncio.wait_for(reader.readexactly(2), 10)
-    length = head[1] & 0x7F
-    if length == 126:
-        length = int.from_bytes(await reader.readexactly(2), "big")
-    elif length == 127:
-        length = int.from_bytes(await reader.readexactly(8), "big")
-    return head[0] & 0x0F, await reader.readexactly(length)
-
-
 def test_a_subscriber_that_answers_no_ping_is_closed_and_one_that_answers_stays(strict):
     """Before: a dead subscriber's connection (and its subscription) stayed forever. The server
     pings a quiet connection; a pong is activity, as is every message."""
@@ -332,11 +322,11 @@ def test_a_subscriber_that_answers_no_ping_is_closed_and_one_that_answers_stays(
         reader, writer = await open_raw_websocket(port, "/v1/events")
         subscribe = {"id": "dead", "type": "subscribe", "bucket": bucket, "initial": True}
         writer.write(client_frame(Opcode.TEXT, json.dumps(subscribe).encode()))
-        opcode, body = await read_frame(reader)
+        opcode, body = await read_server_frame(reader)
         assert opcode == Opcode.TEXT and json.loads(body)["type"] == "result"
         pings = 0
         while True:  # never answered
-            opcode, body = await read_frame(reader)
+            opcode, body = await read_server_frame(reader)
             if opcode == Opcode.CLOSE:
                 break
             assert opcode == Opcode.PING

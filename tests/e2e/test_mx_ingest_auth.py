@@ -26,7 +26,7 @@ from gateways.mx.bech32 import encode_address
 from tests.e2e.client import run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.mx_client import Consumer, Node
-from tests.e2e.rawws import client_frame
+from tests.e2e.rawws import client_frame, read_server_frame
 from tests.e2e.test_mx import hub_stats, hub_urls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
@@ -158,14 +158,7 @@ async def pings_until_close(reader: asyncio.StreamReader, timeout: float) -> tup
     """Read server frames without answering: (pings seen, close code, close reason)."""
     pings = 0
     while True:
-        head = await asyncio.wait_for(reader.readexactly(2), timeout)
-        length = head[1] & 0x7F
-        if length == 126:
-            length = int.from_bytes(await reader.readexactly(2), "big")
-        elif length == 127:
-            length = int.from_bytes(await reader.readexactly(8), "big")
-        body = await reader.readexactly(length)
-        opcode = head[0] & 0x0F
+        opcode, body = await read_server_frame(reader, timeout)
         if opcode == Opcode.PING:
             pings += 1
         elif opcode == Opcode.CLOSE:
