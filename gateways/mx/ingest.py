@@ -38,7 +38,7 @@ from actors.mx import contract as mx
 from actors.mx.contract import Stream, block_item
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, Wire
 from gateways.mx import codec, node
-from gateways.mx.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
+from gateways.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
 from gateways.mx.node import DuplicateSuppressor, Ignored, InvalidNodeFrame, SavedBlock
 from gateways.mx.config import MxConfig
 from gateways.mx.pb import mx_hub_pb2

@@ -29,7 +29,7 @@ from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from gateways.mx.config import MxConfig
 from gateways.mx.ingest import NodeIngestDialect
-from gateways.mx.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
+from gateways.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from gateways.mx import generator, node
 from gateways.mx.config import MxConfig, MxIngestConfig
 from gateways.mx.ingest import NO_TOKEN, NOT_LOOPBACK, block_items, decode, ingest_refusal, is_loopback
-from gateways.mx.keepalive import IDLE, PING, Keepalive
+from gateways.keepalive import IDLE, PING, Keepalive
 from gateways.mx.node import Ignored, InvalidNodeFrame
 
 TOKEN = b"node-token-0123456789abcdef"
