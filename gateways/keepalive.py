@@ -1,7 +1,7 @@
-"""Idle connections on the mx endpoints: a quiet peer is pinged, a silent one is closed.
+"""Idle connections: a quiet peer is pinged, a silent one is closed.
 
-Neither a hub consumer without ACKs nor a node between blocks has to send anything, so silence
-alone says nothing; a peer that does not answer a ping either is gone (a half-open TCP
+Neither an mx hub consumer without ACKs, a node between blocks, nor a Baqend client waiting for
+events has to send anything, so silence alone says nothing; a peer that does not answer a ping either is gone (a half-open TCP
 connection) or holds the socket without speaking WebSocket. The server stamps
 ``wire.last_activity`` on every byte received, pongs included.
 """

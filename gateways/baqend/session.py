@@ -28,6 +28,7 @@ from gateways.baqend import codec
 from gateways.baqend.codec import UNAUTHORIZED, ProtocolError, RestError, Subscribe
 from gateways.baqend.limits import ClientCounts, ClientRates, address_client, subject_client
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
+from gateways.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
 from gateways.baqend.config import BaqendConfig
 from router.errors import CommandError, ShardUnavailable
 from actors.baqend import contract as baqend
@@ -247,7 +248,7 @@ class BaqendSession(DialectSession):
         self.subs: dict[str, _Subscription] = {}
         self.by_key: dict[str, _Subscription] = {}
         self.used_at = time.monotonic()  # its last message, or the last tick it held a subscription
-        self.pinged_at = 0.0
+        self.keepalive = Keepalive(self.config.ping_interval_s, self.config.idle_timeout_s)
 
     # -- transport events ---------------------------------------------------------------------------
 
@@ -311,18 +312,18 @@ class BaqendSession(DialectSession):
             wall = time.time()
             for sub in [sub for sub in self.subs.values() if sub.expires is not None and wall > sub.expires]:
                 self._expire(sub)
-        config, wire = self.config, self.wire
+        wire = self.wire
         if self.subs:
             self.used_at = now
             heard = wire.last_activity
         else:
             heard = self.used_at
-        if now - heard > config.idle_timeout_s:
+        due = self.keepalive.due(heard, now)
+        if due == IDLE:
             self.dialect.limited["idle"] += 1
             self.release()
-            wire.close(1001, f"idle for {config.idle_timeout_s:g} s")
-        elif self.subs and now - heard > config.ping_interval_s and self.pinged_at < heard:
-            self.pinged_at = now
+            wire.close(CLOSE_IDLE, self.keepalive.reason())
+        elif due == PING and self.subs:
             wire.ping()
 
     def released(self) -> None:
