@@ -10,16 +10,14 @@ from typing import NamedTuple
 
 from actors.cashu.retained import Retained
 
-__all__ = ["Op", "Retained", "RetainedEvent", "Stored", "subscribe", "subscribe_many", "unsubscribe_many",
-           "set_state", "init_state", "init_many"]
+__all__ = ["Op", "Retained", "RetainedEvent", "Stored", "subscribe_many", "unsubscribe_many", "set_state",
+           "init_many"]
 
 
 class Op:
-    SUBSCRIBE = "cashu.subscribe"
     SUBSCRIBE_MANY = "cashu.subscribe_many"
     UNSUBSCRIBE_MANY = "cashu.unsubscribe_many"
     SET = "cashu.set"
-    INIT = "cashu.init"
     INIT_MANY = "cashu.init_many"
 
 
@@ -39,14 +37,10 @@ class RetainedEvent(NamedTuple):
     meta: tuple | None  # EventMeta of the push that stored it
 
 
-def subscribe(key: str, connection_id: int) -> tuple:
-    """Subscribe and read the current state in one step; answers a :class:`Retained` or None."""
-    return (Op.SUBSCRIBE, key, connection_id)
-
-
 def subscribe_many(keys: tuple[str, ...], connection_id: int) -> tuple:
-    """``subscribe`` for several keys of one shard (a subscription's filters: one command per
-    shard, not per filter); answers a list, one :class:`Retained` or None per key."""
+    """Subscribe to several keys of one shard and read their current states in one step (a
+    subscription's filters: one command per shard, not per filter); answers a list, one
+    :class:`Retained` or None per key. Later states are delivered after it."""
     return (Op.SUBSCRIBE_MANY, keys, connection_id)
 
 
@@ -60,11 +54,7 @@ def set_state(key: str, payload: bytes, meta: tuple | None = None) -> tuple:
     return (Op.SET, key, payload, meta)
 
 
-def init_state(key: str, payload: bytes, meta: tuple | None = None) -> tuple:
-    """Store a state fetched from the mint unless one arrived meanwhile; answers the :class:`Retained` now."""
-    return (Op.INIT, key, payload, meta)
-
-
 def init_many(keys: tuple[str, ...], payloads: tuple[bytes, ...]) -> tuple:
-    """``init_state`` for several keys of one shard; answers a list, the :class:`Retained` of each key."""
+    """Store states fetched from the mint for several keys of one shard, each unless one arrived
+    meanwhile; answers a list, the :class:`Retained` of each key now."""
     return (Op.INIT_MANY, keys, payloads)

@@ -31,17 +31,15 @@ class CashuRetained(Component):
         return self._retained
 
     def operations(self) -> dict[str, Handler]:
-        return {Op.SUBSCRIBE: self.subscribe, Op.SUBSCRIBE_MANY: self.subscribe_many,
-                Op.UNSUBSCRIBE_MANY: self.unsubscribe_many, Op.SET: self.set_state, Op.INIT: self.init_state,
-                Op.INIT_MANY: self.init_many}
-
-    def subscribe(self, gateway_id: str, key: str, connection_id: int) -> Retained | None:
-        """Subscribe and read the current value in one step: later values are delivered after it."""
-        self.table.subscribe(key, (gateway_id, connection_id))
-        return self.retained.get(key)
+        return {Op.SUBSCRIBE_MANY: self.subscribe_many, Op.UNSUBSCRIBE_MANY: self.unsubscribe_many,
+                Op.SET: self.set_state, Op.INIT_MANY: self.init_many}
 
     def subscribe_many(self, gateway_id: str, keys: tuple[str, ...], connection_id: int) -> list[Retained | None]:
-        return [self.subscribe(gateway_id, key, connection_id) for key in keys]
+        """Subscribe and read each current value in one step: later values are delivered after it."""
+        location, table, retained = (gateway_id, connection_id), self.table, self.retained
+        for key in keys:
+            table.subscribe(key, location)
+        return [retained.get(key) for key in keys]
 
     def unsubscribe_many(self, gateway_id: str, keys: tuple[str, ...], connection_id: int) -> int:
         location = (gateway_id, connection_id)
@@ -54,16 +52,16 @@ class CashuRetained(Component):
             self.emit(routes, RetainedEvent(key, version, payload, meta), DELIVER_EVENT)
         return Stored(version, count)
 
-    def init_state(self, gateway_id: str, key: str, payload: bytes, meta: tuple | None = None) -> Retained:
+    def init_many(self, gateway_id: str, keys: tuple[str, ...], payloads: tuple[bytes, ...]) -> list[Retained]:
+        return [self._init(key, payload) for key, payload in zip(keys, payloads)]
+
+    def _init(self, key: str, payload: bytes) -> Retained:
         value, stored = self.retained.put_if_absent(key, payload)
         if stored:
             count, routes = self.table.routes(key)
             if count:
-                self.emit(routes, RetainedEvent(key, value.version, payload, meta), DELIVER_EVENT)
+                self.emit(routes, RetainedEvent(key, value.version, payload, None), DELIVER_EVENT)
         return value
-
-    def init_many(self, gateway_id: str, keys: tuple[str, ...], payloads: tuple[bytes, ...]) -> list[Retained]:
-        return [self.init_state(gateway_id, key, payload) for key, payload in zip(keys, payloads)]
 
     def after_batch(self) -> None:
         retained = self._retained

@@ -39,8 +39,9 @@ def items_of(bundle):
 
 
 def test_rsub_returns_the_current_value_and_rset_delivers_newer_ones(shard):
-    results, bundle = shard.handle("g", [cashu.subscribe("k", 1), cashu.set_state("k", b"v1"), cashu.subscribe("k", 2)])
-    assert results == [None, (1, 1), (1, b"v1")]
+    results, bundle = shard.handle("g", [cashu.subscribe_many(("k",), 1), cashu.set_state("k", b"v1"),
+                                         cashu.subscribe_many(("k",), 2)])
+    assert results == [[None], (1, 1), [(1, b"v1")]]
     assert items_of(bundle) == [(DELIVER_EVENT, ("k", 1, b"v1", None), (1,), None)]
     results, bundle = shard.handle("g", [cashu.set_state("k", b"v2", ("meta",))])
     assert results == [(2, 2)]
@@ -49,8 +50,9 @@ def test_rsub_returns_the_current_value_and_rset_delivers_newer_ones(shard):
 
 
 def test_rinit_stores_only_when_absent(shard):
-    results, bundle = shard.handle("g", [cashu.subscribe("q", 5), cashu.init_state("q", b"fetched"), cashu.init_state("q", b"late")])
-    assert results == [None, (1, b"fetched"), (1, b"fetched")]
+    results, bundle = shard.handle("g", [cashu.subscribe_many(("q",), 5), cashu.init_many(("q",), (b"fetched",)),
+                                         cashu.init_many(("q",), (b"late",))])
+    assert results == [[None], [(1, b"fetched")], [(1, b"fetched")]]
     assert items_of(bundle) == [(DELIVER_EVENT, ("q", 1, b"fetched", None), (5,), None)]
 
 
