@@ -324,8 +324,8 @@ class Connection(asyncio.Protocol):
         if self._held or self.gateway.reading_paused:
             transport.pause_reading()
         else:
-            if self._request_started is not None and not self._held:
-                # The gateway stopped reading (a shard backlog): that time is not the client's.
+            if self._request_started is not None:
+                # We were not reading (a shard backlog, or this client's hold): that time is not the client's.
                 self._request_started = time.monotonic()
             transport.resume_reading()
 
