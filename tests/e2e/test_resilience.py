@@ -85,13 +85,36 @@ def _state(pid: int) -> str:
         return str(error)
 
 
+def _thread_states(pid: int) -> list[str]:
+    return [_state_of(f"/proc/{pid}/task/{task}/stat") for task in os.listdir(f"/proc/{pid}/task")]
+
+
+def _state_of(path: str) -> str:
+    try:
+        with open(path) as stat:
+            return stat.read().split(")")[-1].split()[0]
+    except OSError:
+        return "gone"  # a thread that ended meanwhile
+
+
+def _stop(pid: int, timeout: float = 10) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped. The signal wakes one
+    thread, which stops the others only when it runs: on a busy machine another thread (the
+    shard's lane) can still answer a request meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not all(state in ("T", "gone") for state in _thread_states(pid)):
+        assert time.monotonic() < deadline, f"shard {pid} did not stop: {_thread_states(pid)}"
+        time.sleep(0.005)
+
+
 def test_a_stalled_shard_answers_timeout_then_recovers(fragile):
     shard = fragile.router.shards["registry"][0]
     pid = ray.get(shard.info.remote())["pid"]
 
     async def scenario():
         client = await HubClient.open(fragile.ws_urls[0], "res/patient")
-        os.kill(pid, signal.SIGSTOP)
+        _stop(pid)
         try:
             started = time.monotonic()
             reply = await client.request("hub:discover", {}, correlationId="slow")
