@@ -15,6 +15,12 @@ component cannot be left out of a purge, a commit or a restore:
 - ``stats()``: counters for ``router status``;
 - ``restore()``: the shard (re)started; rebuild what a previous incarnation held.
 
+A shard that Ray restarted *heals*: soft state (subscriptions, registrations, live queries) is
+re-announced by the gateways whose connections hold it, and until every gateway listed at the
+restart has ended its re-announcements with ``core.reannounced`` (or ``shards.heal_timeout_s``
+passed) every other command is answered with a ``healing`` error that its gateway retries. So a
+publish from one gateway cannot reach the shard before the subscribers of another are back.
+
 A command is ``(op, *fields)`` (see :mod:`router.contract`); a batch returns one result per
 command (a value, or a :class:`CommandError`: a failing command never fails the batch) and the
 bundle of deliveries for the calling gateway. Bundles for other gateways go over their lanes, or
@@ -27,7 +33,9 @@ import gc
 import logging
 import os
 import threading
+import time
 import uuid
+import warnings
 from typing import Any, Callable, Iterable
 
 import ray
@@ -38,7 +46,7 @@ from router.errors import CommandError
 from router.lane import LaneServer
 from router.metrics import ShardMetrics
 from router.proc import tune_gc
-from router.shardmap import gateway_name, shard_name
+from router.shardmap import GATEWAY_PREFIX, gateway_name, shard_name
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +124,12 @@ class Shard:
         self._commands = 0
         self._lock = threading.RLock()
         self._lane: LaneServer | None = None
+        self._watched: set[str] = set()  # gateways whose lane closed, being checked
         self.components: list[Component] = []
         for component in components:  # in order: one may use those before it (``component()``)
             self.components.append(component(self))
-        self._ops: dict[str, Handler] = {Op.PURGE: self._purge_connection, Op.STATS: self._stats_op}
+        self._ops: dict[str, Handler] = {Op.PURGE: self._purge_connection, Op.STATS: self._stats_op,
+                                         Op.REANNOUNCED: self._reannounced}
         self._owners: dict[str, Component] = {}  # op -> the component that answers it
         for component in self.components:
             for op, handler in component.operations().items():
@@ -130,6 +140,24 @@ class Shard:
         tune_gc()
         for component in self.components:
             component.restore()
+        self._healing: set[str] = set()  # gateways that have not re-announced yet
+        self._heal_deadline = 0.0
+        self.healed_in: float | None = None  # seconds from start to the last re-announcement
+        self._started = time.monotonic()
+        if _restarted():
+            self._healing = self._live_gateways()
+            self._heal_deadline = self._started + settings.shards.heal_timeout_s
+            logger.warning("%s restarted as %s: waiting for %d gateway(s) to re-announce", self.name, self.epoch,
+                           len(self._healing))
+
+    def _live_gateways(self) -> set[str]:
+        try:
+            entries = ray.util.list_named_actors(all_namespaces=True)
+        except Exception:  # no GCS answer: heal by the deadline alone
+            logger.exception("%s: could not list the gateways", self.name)
+            return {""}
+        return {entry["name"][len(GATEWAY_PREFIX):] for entry in entries
+                if entry.get("namespace") == self.namespace and entry["name"].startswith(GATEWAY_PREFIX)}
 
     def component(self, component_type: type[Component]) -> Any:
         """This shard's instance of ``component_type`` (for a component built on another)."""
@@ -147,6 +175,7 @@ class Shard:
         with self._lock:
             if self._lane is None:
                 self._lane = LaneServer(self.name, self.handle)
+                self._lane.on_detach = self._lane_closed
                 gc.freeze()  # the first gateway arrives once the shard is built: keep that out of scans
             lane = self._lane
         if node_id is not None and node_id == ray.get_runtime_context().get_node_id():
@@ -157,6 +186,17 @@ class Shard:
     def handle(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None]:
         with self._lock:
             return self._handle(gateway_id, commands)
+
+    def call(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None, str]:
+        """:meth:`handle` as a Ray call, with the epoch that ran it: a gateway without a lane learns
+        this way that the shard restarted (a lane never outlives its shard's process)."""
+        with self._lock:
+            results, bundle = self._handle(gateway_id, commands)
+            return results, bundle, self.epoch
+
+    def current_epoch(self) -> str:
+        """This incarnation's epoch (a gateway asks after it lost its lane or a call)."""
+        return self.epoch
 
     def _handle(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None]:
         self.now = contract.now_ms()
@@ -169,7 +209,13 @@ class Shard:
             self._metrics.batch(len(commands))
         results: list[Any] = []
         ops = self._ops
-        for command in commands:
+        retry_from = self._retry_from(commands) if self._healing else None
+        for index, command in enumerate(commands):
+            if retry_from is not None and index >= retry_from:
+                if self._healing:
+                    results.append(_RETRY)
+                    continue
+                retry_from = None  # the last gateway re-announced in this batch
             try:
                 results.append(ops[command[0]](gateway_id, *command[1:]))
             except CommandError as error:
@@ -183,6 +229,28 @@ class Shard:
             except Exception:
                 self._abort(component, commands, results)
         return results, self._flush(gateway_id)
+
+    def _retry_from(self, commands: list[tuple]) -> int | None:
+        """While healing, the first command of this batch to retry: the one after its
+        ``core.reannounced`` (those before it are the gateway's re-announcements), else the first.
+        None once the deadline passed."""
+        if time.monotonic() >= self._heal_deadline:
+            logger.warning("%s: %d gateway(s) did not re-announce in time: %s", self.name, len(self._healing),
+                           sorted(self._healing))
+            self._healing = set()
+            return None
+        for index, command in enumerate(commands):
+            if command[0] == Op.REANNOUNCED:
+                return index + 1
+        return 0
+
+    def _reannounced(self, gateway_id: str) -> bool:
+        if self._healing:
+            self._healing.discard(gateway_id)
+            if not self._healing:
+                self.healed_in = round(time.monotonic() - self._started, 3)
+                logger.warning("%s healed: every gateway re-announced in %.3fs", self.name, self.healed_in)
+        return True
 
     def _abort(self, component: Component, commands: list[tuple], results: list[Any]) -> None:
         """``component`` could not commit: its commands of this batch fail (their writes were
@@ -212,10 +280,38 @@ class Shard:
             self._flush(gateway_id)  # e.g. presence leaves of its actors, to the other gateways
             return purged
 
+    def _lane_closed(self, gateway_id: str) -> None:
+        """A gateway's lane closed: if the gateway is gone (its process died, and maybe the router
+        that supervised it too), forget its connections now rather than when their TTLs end."""
+        if gateway_id in self._watched:
+            return
+        self._watched.add(gateway_id)
+        threading.Thread(target=self._watch_gateway, args=(gateway_id,), name=f"watch-{gateway_id}",
+                         daemon=True).start()
+
+    def _watch_gateway(self, gateway_id: str) -> None:
+        try:
+            for delay in GATEWAY_CHECKS_S:
+                time.sleep(delay)
+                lane = self._lane
+                if lane is not None and gateway_id in lane.connected():
+                    return  # it reconnected
+                try:
+                    ray.get_actor(gateway_name(gateway_id), namespace=self.namespace)
+                except ValueError:
+                    logger.warning("%s: gateway %s is gone; forgetting its connections", self.name, gateway_id)
+                    self.purge_gateway(gateway_id)
+                    return
+        except Exception:
+            logger.exception("%s: watching gateway %s failed", self.name, gateway_id)
+        finally:
+            self._watched.discard(gateway_id)
+
     def info(self) -> dict[str, Any]:
         with self._lock:
             lanes = None if self._lane is None else sorted(self._lane.connected())
             return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "pid": os.getpid(),
+                    "healing": sorted(self._healing), "healed_in": self.healed_in,
                     "batches": self._batches, "commands": self._commands, "lanes": lanes, **self.stats()}
 
     def stats(self) -> dict[str, Any]:
@@ -276,6 +372,24 @@ class Shard:
                 return None
             self._gateways[gateway_id] = handle
         return handle
+
+
+# After a gateway's lane closes, when to check whether the gateway still exists (seconds, each after
+# the one before): a dead actor's name is released within moments; a live gateway reopens its lane.
+GATEWAY_CHECKS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+_RETRY = CommandError(contract.HEALING, "the shard is healing after a restart; retry")
+
+
+def _restarted() -> bool:
+    if not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None:
+        return False  # not in a Ray actor (unit tests build shards directly)
+    with warnings.catch_warnings():  # it reads a deprecated property inside Ray
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return context.was_current_actor_reconstructed
 
 
 # Ray restarts a crashed shard (with a new epoch); a command is never retried (it may have run).

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 if TYPE_CHECKING:
     from gateways.gateway import Gateway
-    from gateways.shardclient import ShardView
+    from gateways.shardclient import ShardLink, ShardView
 
 
 @dataclass(slots=True)
@@ -110,6 +110,12 @@ class DialectSession(ABC):
         """The connection is gone (closed by either side)."""
         self.release()
 
+    def reannounce(self, link: "ShardLink") -> None:
+        """The shard behind ``link`` restarted empty (Ray gave it a new epoch): send it again what
+        this connection holds there, with the same commands that created it. Queued before any
+        command that waited meanwhile. The client sees nothing unless what it should see changed
+        (e.g. a retained state that moved on while the shard was down)."""
+
     def release(self) -> None:
         """End the session, once (on close, or when the router ends it first): it leaves its
         dialect's ``sessions`` and :meth:`released` gives back what it held."""
@@ -178,6 +184,12 @@ class Dialect(ABC):
 
     def http_routes(self) -> list[HttpRoute]:
         return []
+
+    def shard_restarted(self, link: "ShardLink") -> None:
+        """The shard behind ``link`` restarted empty: every session re-announces what it held there."""
+        for session in list(self.sessions):
+            if not session.closed:
+                session.reannounce(link)
 
     def stats(self) -> dict[str, Any]:
         return {}

@@ -74,6 +74,7 @@ class Gateway:
             on_backlog=self._backlog,
             max_pending=tuning.max_pending_commands,
         )
+        self.shards.on_restart = self._shard_restarted
         self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop)
         analytics = settings.analytics
         self.events = (
@@ -99,6 +100,8 @@ class Gateway:
         """Open the main port (port + index) and each dialect's own port; returns what listens where."""
         if self.settings.gateway.lanes and self.node_id is not None:
             await self.shards.open_lanes(self.node_id)
+        else:
+            await self.shards.learn_epochs()
         host = self.settings.host
         routes = [HttpRoute("GET", "/health", self._health)]
         for dialect in self.dialects:
@@ -121,6 +124,14 @@ class Gateway:
             await dialect.start()
         self._sweeper = self.loop.create_task(self._sweep())
         return self.describe()
+
+    def _shard_restarted(self, link: Any) -> None:
+        """A shard came back empty: each dialect's sessions re-announce what they held there."""
+        for dialect in self.dialects:
+            try:
+                dialect.shard_restarted(link)
+            except Exception:
+                logger.exception("%s: re-announcing to %s failed", dialect.name, link.name)
 
     def _port(self, base: int) -> int:
         return 0 if base == 0 else base + self.index

@@ -8,6 +8,11 @@ new commands accumulate, so batches grow with load instead of calls piling up.
 Results come back per command, in order, to a callback (or a future for code that awaits).
 Deliveries come back as bundles, either inside a batch's result (those for this gateway) or
 pushed by shards; :class:`DeliverySequencer` puts each shard's bundles back in emission order.
+
+Each link knows its shard's epoch (one per process incarnation). When a link loses its lane or a
+call fails because the actor died, it holds its commands until it has learnt the epoch again; a
+new epoch means Ray restarted the shard empty, and ``on_restart(link)`` lets the gateway's
+sessions re-announce what they hold there, ahead of the commands that were waiting.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from collections import deque
 from functools import partial
 from typing import Any, Callable
 
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from router import contract
 from router import lane as lanes
 from router.errors import CommandError, ShardUnavailable
 from router.lane import LaneClient
@@ -38,13 +46,16 @@ def _serializable(command: tuple) -> bool:
 
 
 _CLOCK_SLACK_S = 0.001  # a timer may fire this much before its deadline by the loop's clock
+_HEALING_RETRY_S = 0.02  # a healing shard's retried commands go again after this
 
 
 class _Batch:
-    __slots__ = ("callbacks", "timeouts", "sent_at", "expired", "done", "results", "bundle", "abandoned", "timer",
-                 "size")
+    __slots__ = ("commands", "callbacks", "timeouts", "sent_at", "expired", "done", "results", "bundle", "abandoned",
+                 "timer", "size")
 
-    def __init__(self, callbacks: list[Callback | None], timeouts: list[float | None], sent_at: float) -> None:
+    def __init__(self, commands: list[tuple], callbacks: list[Callback | None], timeouts: list[float | None],
+                 sent_at: float) -> None:
+        self.commands = commands  # kept to send again what a healing shard asks to retry
         self.callbacks = callbacks
         self.timeouts = timeouts  # per command: its dialect's request timeout; None once it timed out
         self.sent_at = sent_at
@@ -72,7 +83,7 @@ class ShardLink:
     """
 
     __slots__ = ("name", "handle", "commands", "callbacks", "timeouts", "inflight", "scheduled", "lane",
-                 "next_lane", "lane_batches", "reconnect")
+                 "next_lane", "lane_batches", "reconnect", "epoch", "held")
 
     def __init__(self, name: str, handle: Any) -> None:
         self.name = name
@@ -86,6 +97,8 @@ class ShardLink:
         self.next_lane: LaneClient | None = None  # connected, waiting for the Ray batches to finish
         self.lane_batches: deque[_Batch] = deque()  # sent over the lane, in order, not yet answered
         self.reconnect: asyncio.Task | None = None
+        self.epoch: str | None = None  # the shard incarnation this link last heard from
+        self.held = False  # commands wait: the shard may have restarted, its epoch is not known yet
 
 
 class ShardClient:
@@ -117,7 +130,10 @@ class ShardClient:
         self.commands_sent = 0
         self.lane_batches_sent = 0
         self.lanes_lost = 0
+        self.restarts_seen = 0
+        self.retried = 0  # commands a healing shard asked to send again
         self.node_id: str | None = None  # set by open_lanes: lanes are wanted
+        self.on_restart: Callable[[ShardLink], None] | None = None
         self.closed = False
 
     # -- addressing -----------------------------------------------------------------------
@@ -201,6 +217,8 @@ class ShardClient:
         self._flush(link)
 
     def _flush(self, link: ShardLink) -> None:
+        if link.held:
+            return
         if link.next_lane is not None and not link.inflight:
             link.lane, link.next_lane = link.next_lane, None
         while link.commands and len(link.inflight) < self.max_inflight:
@@ -210,7 +228,7 @@ class ShardClient:
             del link.commands[:batch_max]
             del link.callbacks[:batch_max]
             del link.timeouts[:batch_max]
-            batch = _Batch(callbacks, timeouts, self.loop.time())
+            batch = _Batch(commands, callbacks, timeouts, self.loop.time())
             link.inflight.append(batch)
             self.batches_sent += 1
             self.commands_sent += len(commands)
@@ -223,7 +241,7 @@ class ShardClient:
                     link.lane_batches.append(batch)
                     self.lane_batches_sent += 1
                 else:
-                    ref = link.handle.handle.remote(self.gateway_id, commands)
+                    ref = link.handle.call.remote(self.gateway_id, commands)
             except Exception as error:  # unpicklable, or the lane/handle itself is unusable
                 if self._isolate_unsendable(link, batch, commands):
                     continue  # the others go in the next round of this loop
@@ -262,9 +280,13 @@ class ShardClient:
 
     def _completed(self, link: ShardLink, batch: _Batch, future: Any) -> None:
         try:
-            results, bundle = future.result()
+            results, bundle, epoch = future.result()
         except Exception as error:
             results, bundle = ShardUnavailable(f"{link.name} unavailable: {type(error).__name__}"), None
+            if isinstance(error, (RayActorError, ActorUnavailableError)):
+                self._recover(link)
+        else:
+            self._epoch_seen(link, epoch)
         self._settle(link, batch, results, bundle)
 
     def _settle(self, link: ShardLink, batch: _Batch, results: Any, bundle: Any) -> None:
@@ -320,17 +342,38 @@ class ShardClient:
                 self._answer(batch.waiting(), results)
             else:
                 self.pending -= batch.size - batch.expired
-                for callback, result in zip(batch.callbacks, results):
-                    if callback is not None:
+                retry = None
+                for index, (callback, result) in enumerate(zip(batch.callbacks, results)):
+                    if result is not None and result.__class__ is CommandError and result.code == contract.HEALING:
+                        if callback is not None or batch.timeouts[index] is not None:
+                            retry = retry or []
+                            retry.append(index)
+                    elif callback is not None:
                         try:
                             callback(result)
                         except Exception:
                             logger.exception("result callback failed")
+                if retry:
+                    self._retry(link, batch, retry)
             if batch.bundle is not None:
                 self.on_bundle(batch.bundle)
         self._check_backlog()
         if link.commands or (link.next_lane is not None and not inflight):
             self._flush(link)
+
+    def _retry(self, link: ShardLink, batch: _Batch, indexes: list[int]) -> None:
+        """A healing shard did not run these commands: send them again shortly, after this
+        gateway's own re-announcements if those are still queued."""
+        commands = link.commands
+        at = next((i + 1 for i, command in enumerate(commands) if command[0] == contract.Op.REANNOUNCED), 0)
+        commands[at:at] = [batch.commands[i] for i in indexes]
+        link.callbacks[at:at] = [batch.callbacks[i] for i in indexes]
+        link.timeouts[at:at] = [batch.timeouts[i] or self.timeout_s for i in indexes]
+        self.pending += len(indexes)
+        self.retried += len(indexes)
+        if not link.scheduled:
+            link.scheduled = True
+            self.loop.call_later(_HEALING_RETRY_S, self._flush_scheduled, link)
 
     def _answer(self, callbacks: list[Callback | None], error: Exception) -> None:
         self.pending -= len(callbacks)
@@ -355,7 +398,7 @@ class ShardClient:
 
         Returns how many opened now; the others keep trying in the background."""
         self.node_id = node_id
-        links = [link for kind_links in self.links.values() for link in kind_links]
+        links = self._all_links()
         opened = await asyncio.gather(*(self._open_lane(link, timeout_s) for link in links), return_exceptions=True)
         for link, result in zip(links, opened):
             if result is not True:
@@ -363,7 +406,64 @@ class ShardClient:
                 self._reopen(link)
         return sum(1 for result in opened if result is True)
 
+    async def learn_epochs(self, timeout_s: float = 30.0) -> None:
+        """Without lanes: learn every shard's epoch now, so that a restart is told from a first call."""
+        await asyncio.gather(*(self._probe(link, timeout_s) for link in self._all_links()))
+
+    def _all_links(self) -> list[ShardLink]:
+        return [link for kind_links in self.links.values() for link in kind_links]
+
+    # -- restarts -------------------------------------------------------------------------
+
+    async def _probe(self, link: ShardLink, timeout_s: float) -> None:
+        epoch = await asyncio.wait_for(asyncio.wrap_future(link.handle.current_epoch.remote().future()), timeout_s)
+        self._epoch_seen(link, epoch)
+
+    def _epoch_seen(self, link: ShardLink, epoch: str) -> None:
+        """The shard behind ``link`` runs as ``epoch``. A new one (Ray restarted it, empty): the
+        gateway re-announces what its connections hold there first, then the waiting commands go."""
+        known, link.epoch = link.epoch, epoch
+        if known is not None and known != epoch:
+            self.restarts_seen += 1
+            logger.warning("%s restarted (epoch %s, was %s); re-announcing this gateway's state", link.name, epoch,
+                           known)
+            waiting = link.commands, link.callbacks, link.timeouts
+            link.commands, link.callbacks, link.timeouts = [], [], []
+            held, link.held = link.held, True  # the re-announce is queued whole, before the rest
+            if self.on_restart is not None:
+                try:
+                    self.on_restart(link)
+                except Exception:
+                    logger.exception("re-announcing to %s failed", link.name)
+            self.send(link, contract.reannounced())  # the shard serves everyone once all gateways sent it
+            link.held = held
+            link.commands += waiting[0]
+            link.callbacks += waiting[1]
+            link.timeouts += waiting[2]
+        if link.held:
+            link.held = False
+        if link.commands and not link.scheduled:
+            link.scheduled = True
+            self.loop.call_soon(self._flush_scheduled, link)
+
+    def _recover(self, link: ShardLink) -> None:
+        """``link`` lost its lane or a call: hold its commands until its epoch is known again (for at
+        most the request timeout; the commands then go and may time out), and reopen its lane."""
+        if self.closed:
+            return
+        if not link.held:
+            link.held = True
+            self.loop.call_later(self.timeout_s, self._release, link)
+        self._reopen(link)
+
+    def _release(self, link: ShardLink) -> None:
+        if link.held:
+            logger.warning("%s: epoch still unknown after %gs; sending its commands anyway", link.name, self.timeout_s)
+            link.held = False
+            self._flush(link)
+
     async def _open_lane(self, link: ShardLink, timeout_s: float) -> bool:
+        await self._probe(link, timeout_s)
         address = await asyncio.wait_for(asyncio.wrap_future(link.handle.open_lane.remote(self.node_id).future()),
                                          timeout_s)
 
@@ -401,9 +501,10 @@ class ShardClient:
             self._settle(link, batch, error, None)
         if not self.closed:
             logger.warning("lane to %s lost (%s); reopening", link.name, exc or "closed")
-            self._reopen(link)
+            self._recover(link)
 
     def _reopen(self, link: ShardLink) -> None:
+        """Until the link knows its epoch and (when lanes are wanted) has a lane again, keep trying."""
         if link.reconnect is not None and not link.reconnect.done():
             return
 
@@ -411,10 +512,15 @@ class ShardClient:
             delay = 0.1
             while not self.closed:
                 try:
+                    if self.node_id is None or link.lane is not None or link.next_lane is not None:
+                        if not link.held:
+                            return
+                        await self._probe(link, 30.0)  # no lane to open: the epoch is enough
+                        return
                     if await self._open_lane(link, 30.0):
                         return
                 except Exception as error:  # the shard is restarting, or gone for now
-                    logger.info("lane to %s: %s; retrying in %.1fs", link.name, type(error).__name__, delay)
+                    logger.info("shard %s: %s; retrying in %.1fs", link.name, type(error).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -432,7 +538,7 @@ class ShardClient:
                         lane.close()
 
     def stats(self) -> dict[str, Any]:
-        links = [link for kind_links in self.links.values() for link in kind_links]
+        links = self._all_links()
         return {
             "pending": self.pending,
             "batches": self.batches_sent,
@@ -441,6 +547,9 @@ class ShardClient:
             "lanes": sum(1 for link in links if link.lane is not None),
             "lane_batches": self.lane_batches_sent,
             "lanes_lost": self.lanes_lost,
+            "restarts_seen": self.restarts_seen,
+            "retried": self.retried,
+            "held": sum(1 for link in links if link.held),
         }
 
 

@@ -105,6 +105,9 @@ class ShardsConfig(Section):
 
     session: int = Field(default=SHARDS_DEFAULT, ge=1, le=MAX_SHARDS)
     topic: int = Field(default=SHARDS_DEFAULT, ge=1, le=MAX_SHARDS)
+    # A shard that Ray restarted (empty) answers only re-announcements until every gateway has sent
+    # its own, or for at most this long; other commands are retried by their gateway meanwhile.
+    heal_timeout_s: float = Field(default=3.0, gt=0, le=60)
     # A dialect's own kinds (e.g. `registry`) are added by router/settings.py from the dialect table.
 
 

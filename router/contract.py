@@ -47,10 +47,19 @@ class Op:
     SUBSCRIBE = "core.sub"
     UNSUBSCRIBE = "core.unsub"
     PUBLISH = "core.pub"
+    REANNOUNCED = "core.reannounced"  # a gateway re-announced what it held in a restarted shard
+
+
+HEALING = "healing"  # the CommandError code of a command that a healing shard asks to retry
 
 
 def purge(connection_id: int) -> tuple:
     return (Op.PURGE, connection_id)
+
+
+def reannounced() -> tuple:
+    """Ends a gateway's re-announcements to a restarted shard; answers True."""
+    return (Op.REANNOUNCED,)
 
 
 def stats() -> tuple:

@@ -249,6 +249,7 @@ class LaneServer:
         self.certificate: str | None = None  # PEM of the TCP listener's certificate, once it listens
         self.hello_timeout_s = HELLO_TIMEOUT_S
         self.refused = 0
+        self.on_detach: Callable[[str], None] | None = None  # a gateway's lane closed (on the lane thread)
         self._lanes: dict[str, _ServerLane] = {}
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"lane-{name}", daemon=True)
@@ -294,6 +295,8 @@ class LaneServer:
     def detach(self, gateway_id: str, lane: _ServerLane) -> None:
         if self._lanes.get(gateway_id) is lane:
             del self._lanes[gateway_id]
+            if self.on_detach is not None:
+                self.on_detach(gateway_id)
 
     def connected(self) -> list[str]:
         return list(self._lanes)

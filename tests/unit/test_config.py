@@ -50,7 +50,8 @@ def test_defaults(tmp_path):
     assert settings.ray_dashboard is True
     assert settings.data_dir == tmp_path / "xdg" / "ray-ws-router"
     assert settings.log_level == "INFO"
-    assert settings.shards.model_dump() == {"session": 2, "topic": 2, "registry": 2, "document": 2, "query": 2}
+    assert settings.shards.model_dump() == {"session": 2, "topic": 2, "heal_timeout_s": 3.0, "registry": 2, "document": 2,
+                                            "query": 2}
     assert settings.gateway.model_dump() == {
         "lanes": True,
         "batch_max": 1024,
@@ -140,7 +141,7 @@ def test_env_overrides(monkeypatch):
     assert settings.ray_dashboard is False
     assert settings.signal.rate_limit_per_minute == 600.0
     assert settings.signal.path == "/signal"  # the rest of the section keeps its defaults
-    assert settings.shards.model_dump() == {"session": 2, "topic": 8, "registry": 2, "document": 2, "query": 2}
+    assert settings.shards.model_dump() == {"session": 2, "topic": 8, "heal_timeout_s": 3.0, "registry": 2, "document": 2, "query": 2}
     assert settings.gateway.compression is True
 
 
@@ -224,7 +225,7 @@ def test_toml_file(tmp_path):
     assert settings.port == 9001
     assert settings.host == "0.0.0.0"
     assert settings.namespace == "from-file"
-    assert settings.shards.model_dump() == {"session": 2, "topic": 4, "registry": 2, "document": 2, "query": 2}
+    assert settings.shards.model_dump() == {"session": 2, "topic": 4, "heal_timeout_s": 3.0, "registry": 2, "document": 2, "query": 2}
     assert settings.signal.path == "/sig"
     assert settings.signal.rate_limit_per_minute == 50
     assert settings.signal.max_actors == 7

@@ -435,7 +435,8 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
     shard = _Shard()
     server = shard.server = lane.LaneServer("topic-shard-3", shard.execute)
     address = _address(server, "unix")
-    handle = types.SimpleNamespace(open_lane=_RayMethod(lambda node_id: address), handle=_RayMethod(None))
+    handle = types.SimpleNamespace(open_lane=_RayMethod(lambda node_id: address), call=_RayMethod(None),
+                                   current_epoch=_RayMethod(lambda: "e1"))
     try:
         async def scenario():
             client = ShardClient("gw-1", {"topic": [("topic-shard-3", handle)]}, asyncio.get_running_loop(),
@@ -443,7 +444,7 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
             link = client.links["topic"][0]
             answers: list = []
             client.send(link, ("op", 1), answers.append)
-            await _until(lambda: handle.handle.calls)  # no lane yet: a Ray call, left unanswered
+            await _until(lambda: handle.call.calls)  # no lane yet: a Ray call, left unanswered
             assert await client.open_lanes("node-a") == 1
             assert link.lane is None and link.next_lane is not None  # waits for the Ray call
             await _until(lambda: server.connected() == ["gw-1"])
@@ -453,15 +454,15 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
             await _until(lambda: link.next_lane is not None and link.next_lane.open)
             assert len(handle.open_lane.calls) == 2 and link.lane is None
 
-            assert handle.handle.calls == [("gw-1", [("op", 1)])]
-            handle.handle.futures[0].set_result(([("op", 1)], None))  # the Ray call answers
+            assert handle.call.calls == [("gw-1", [("op", 1)])]
+            handle.call.futures[0].set_result(([("op", 1)], None, "e1"))  # the Ray call answers
             await _until(lambda: answers == [("op", 1)])
             assert link.lane is not None and link.next_lane is None
 
             client.send(link, ("op", 2), answers.append)
             await _until(lambda: len(answers) == 2)
             assert answers[1] == ("op", 2) and client.lane_batches_sent == 1
-            assert len(handle.handle.calls) == 1  # the second batch went over the lane
+            assert len(handle.call.calls) == 1  # the second batch went over the lane
             client.close()
 
         asyncio.run(scenario())

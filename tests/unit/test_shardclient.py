@@ -12,12 +12,12 @@ from router.errors import ShardUnavailable
 
 
 class _Handle:
-    """``shard.handle.remote(gateway, commands)``: a ref whose future the test resolves (or never)."""
+    """``shard.call.remote(gateway, commands)``: a ref whose future the test resolves (or never)."""
 
     def __init__(self) -> None:
         self.calls: list[list] = []
         self.futures: list[concurrent.futures.Future] = []
-        self.handle = self
+        self.call = self
 
     def remote(self, gateway_id, commands):
         self.calls.append(list(commands))
@@ -63,7 +63,7 @@ def test_requests_in_one_batch_time_out_after_their_own_dialects_timeout():
         assert isinstance(e2, ShardUnavailable) and str(e2) == "topic-shard-0 did not answer in 0.3s"
         assert 0.05 <= t1 < 0.3 <= t2
         assert client.pending == 1 and len(link.inflight) == 1  # the 10 s request still waits
-        handle.futures[0].set_result((["A", "B", "C"], None))
+        handle.futures[0].set_result((["A", "B", "C"], None, "e1"))
         await _until(lambda: len(answers) == 3)
         assert answers[2][0] == "core" and answers[2][2] == "C"
         assert client.pending == 0 and not link.inflight
@@ -86,13 +86,13 @@ def test_a_late_answer_reaches_only_the_requests_still_waiting():
         await _until(lambda: len(answers) == 1)
         assert answers[0][0] == "fast" and isinstance(answers[0][2], ShardUnavailable)
         assert client.pending == 2
-        handle.futures[0].set_result((["A", "B", "C"], None))
+        handle.futures[0].set_result((["A", "B", "C"], None, "e1"))
         await _until(lambda: len(answers) == 2)
         assert [(name, result) for name, _, result in answers[1:]] == [("slow", "B")]
         assert client.pending == 0 and not link.inflight
         client.send(link, ("d",), answers.append)  # the link goes on
         await _until(lambda: len(handle.calls) == 2)
-        handle.futures[1].set_result((["D"], None))
+        handle.futures[1].set_result((["D"], None, "e1"))
         await _until(lambda: answers[-1] == "D")
         assert client.pending == 0
         client.close()
@@ -132,11 +132,11 @@ def test_views_share_the_clients_links_and_batches():
         assert view.all("topic") == client.all("topic")
         answer = view.request(view.link("topic", "k"), ("a",))
         await _until(lambda: handle.calls)
-        handle.futures[0].set_result((["A"], None))
+        handle.futures[0].set_result((["A"], None, "e1"))
         assert await answer == "A"
         gathered = asyncio.ensure_future(view.gather("topic", ("b",)))
         await _until(lambda: len(handle.calls) == 2)
-        handle.futures[1].set_result((["B"], None))
+        handle.futures[1].set_result((["B"], None, "e1"))
         assert await gathered == ["B"]
         client.close()
 
@@ -154,7 +154,7 @@ def test_send_each_answers_once_in_request_order_with_failures_in_their_slots():
         answers: list = []
         view.send_each([(links[1], ("x",)), (links[0], ("y",))], answers.append)
         await _until(lambda: first.calls and second.calls)
-        first.futures[0].set_result((["Y"], None))
+        first.futures[0].set_result((["Y"], None, "e1"))
         await asyncio.sleep(0.01)
         assert answers == []  # one answer still missing
         second.futures[0].set_exception(RuntimeError("gone"))
@@ -165,8 +165,8 @@ def test_send_each_answers_once_in_request_order_with_failures_in_their_slots():
         assert answers[1] == []
         view.send_all(links, ("z",), answers.append)
         await _until(lambda: len(first.calls) == 2 and len(second.calls) == 2)
-        second.futures[1].set_result((["Z1"], None))
-        first.futures[1].set_result((["Z0"], None))
+        second.futures[1].set_result((["Z1"], None, "e1"))
+        first.futures[1].set_result((["Z0"], None, "e1"))
         await _until(lambda: len(answers) == 3)
         assert answers[2] == ["Z0", "Z1"] and client.pending == 0
         client.close()
@@ -201,10 +201,108 @@ def test_a_command_that_cannot_be_serialized_fails_alone_and_the_rest_of_its_bat
         assert handle.calls == [[("a",), ("c",)]]
         assert [name for name, _ in answers] == ["bad"]
         assert isinstance(answers[0][1], CommandError) and answers[0][1].code == "bad_request"
-        handle.futures[0].set_result((["A", "C"], None))
+        handle.futures[0].set_result((["A", "C"], None, "e1"))
         await _until(lambda: len(answers) == 3)
         assert answers[1:] == [("a", "A"), ("c", "C")]
         assert client.pending == 0 and client.batches_sent == 1 and client.commands_sent == 2
+        client.close()
+
+    asyncio.run(scenario())
+
+
+class _Epoch:
+    """``shard.current_epoch.remote()``: answered by the test."""
+
+    def __init__(self) -> None:
+        self.futures: list[concurrent.futures.Future] = []
+
+    def remote(self):
+        future = concurrent.futures.Future()
+        self.futures.append(future)
+        return types.SimpleNamespace(future=lambda: future)
+
+
+def test_a_new_epoch_in_a_call_result_makes_the_gateway_re_announce_once():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        client = _client(loop, handle)
+        link = client.link("topic", "k")
+        restarted = []
+
+        def reannounce(restarted_link):
+            restarted.append(restarted_link)
+            client.send(restarted_link, ("resubscribe",))
+
+        client.on_restart = reannounce
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_result((["A"], None, "e1"))
+        await _until(lambda: answers == ["A"])
+        assert restarted == []  # the first epoch a link hears of is no restart
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2)
+        handle.futures[1].set_result((["B"], None, "e2"))  # a new incarnation answered
+        await _until(lambda: restarted == [link] and len(handle.calls) == 3)
+        assert handle.calls[2] == [("resubscribe",), ("core.reannounced",)] and answers == ["A", "B"]
+        handle.futures[2].set_result((["R", True], None, "e2"))
+        client.send(link, ("c",), answers.append)
+        await _until(lambda: len(handle.calls) == 4)
+        assert restarted == [link] and client.stats()["restarts_seen"] == 1
+        client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_link_whose_actor_died_holds_its_commands_until_it_knows_the_epoch():
+    from ray.exceptions import RayActorError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        handle.current_epoch = _Epoch()
+        client = _client(loop, handle)
+        link = client.link("topic", "k")
+        client.on_restart = lambda restarted: client.send(restarted, ("resubscribe",))
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_result((["A"], None, "e1"))
+        await _until(lambda: answers == ["A"])
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2)
+        handle.futures[1].set_exception(RayActorError())
+        await _until(lambda: len(answers) == 2 and handle.current_epoch.futures)
+        assert isinstance(answers[1], ShardUnavailable) and link.held
+        client.send(link, ("c",), answers.append)
+        await asyncio.sleep(0.05)  # a window in which nothing may be sent
+        assert len(handle.calls) == 2
+        handle.current_epoch.futures[0].set_result("e2")
+        await _until(lambda: len(handle.calls) == 3)
+        assert handle.calls[2] == [("resubscribe",), ("core.reannounced",), ("c",)] and not link.held
+        client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_held_link_sends_after_the_request_timeout_when_the_epoch_stays_unknown():
+    from ray.exceptions import RayActorError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        handle.current_epoch = _Epoch()
+        client = _client(loop, handle, timeout_s=0.2)
+        link = client.link("topic", "k")
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_exception(RayActorError())
+        await _until(lambda: link.held)
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2, timeout=2)
+        assert handle.calls[1] == [("b",)] and not link.held
         client.close()
 
     asyncio.run(scenario())
