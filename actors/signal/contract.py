@@ -16,6 +16,7 @@ class Op:
     DISCOVER = "signal.discover"
     DESCRIBE = "signal.describe"
     BROADCAST = "signal.broadcast"
+    RESTORE = "signal.restore"
 
 
 def topic_key(topic: str) -> str:
@@ -27,6 +28,14 @@ def register(address: str, connection_id: int, session_id: str, capabilities: An
              ttl_ms: int) -> tuple:
     """Answers the Registration (its renewal token and expiry)."""
     return (Op.REGISTER, address, connection_id, session_id, capabilities, metadata, ttl_ms)
+
+
+def restore(address: str, connection_id: int, session_id: str, capabilities: Any, metadata: Any,
+            registered_at: int, expires_at: int, version: int, renewal_token: str) -> tuple:
+    """Re-announce a registration (as its ``register``/``renew`` answered it) to a registry shard
+    that restarted empty; answers whether it was taken back (not if expired, or taken meanwhile)."""
+    return (Op.RESTORE, address, connection_id, session_id, capabilities, metadata, registered_at, expires_at,
+            version, renewal_token)
 
 
 def unregister(address: str, connection_id: int) -> tuple:

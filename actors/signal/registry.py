@@ -111,6 +111,22 @@ class Registry:
         heapq.heappush(self._expiry_heap, (registration.expires_at, address))
         return registration
 
+    def restore(self, registration: Registration, now_ms: int) -> bool:
+        """Take back ``registration`` as its connection's gateway last saw it (the shard restarted
+        empty): same token, version and expiry. False if it expired meanwhile or another live
+        connection took the address first."""
+        if not registration.is_live(now_ms):
+            return False
+        existing = self._entries.get(registration.address)
+        if existing is not None:
+            if existing.is_live(now_ms) and existing.location != registration.location:
+                return False
+            self._detach(existing)
+        self._entries[registration.address] = registration
+        self._by_connection.setdefault(registration.location, set()).add(registration.address)
+        heapq.heappush(self._expiry_heap, (registration.expires_at, registration.address))
+        return True
+
     def unregister(self, address: str, location: Location, now_ms: int) -> Registration:
         registration = self._owned(address, location, now_ms)
         self._detach(registration)

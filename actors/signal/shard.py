@@ -6,7 +6,7 @@ from typing import Any
 
 from actors.shard import Component, Handler
 from actors.signal.contract import REGISTRY, Op
-from actors.signal.registry import Registry
+from actors.signal.registry import Registration, Registry
 from router.contract import Location, now_ms
 from router.errors import CommandError
 from router.patterns import PatternError, compile_pattern
@@ -29,7 +29,7 @@ class SignalRegistry(Component):
     def operations(self) -> dict[str, Handler]:
         return {Op.REGISTER: self.register, Op.UNREGISTER: self.unregister, Op.RENEW: self.renew,
                 Op.SEND: self.send, Op.DISCOVER: self.discover, Op.DESCRIBE: self.describe,
-                Op.BROADCAST: self.broadcast}
+                Op.BROADCAST: self.broadcast, Op.RESTORE: self.restore_registration}
 
     def before_batch(self) -> None:
         if self.now >= self._next_sweep:
@@ -39,6 +39,12 @@ class SignalRegistry(Component):
     def register(self, gateway_id, address, connection_id, session_id, capabilities, metadata, ttl_ms):
         return self.registry.register(address, (gateway_id, connection_id), session_id, capabilities, metadata,
                                       ttl_ms, self.now)
+
+    def restore_registration(self, gateway_id, address, connection_id, session_id, capabilities, metadata,
+                             registered_at, expires_at, version, renewal_token):
+        return self.registry.restore(Registration(address, (gateway_id, connection_id), session_id,
+                                                  tuple(capabilities), metadata, registered_at, expires_at, version,
+                                                  renewal_token), self.now)
 
     def unregister(self, gateway_id, address, connection_id):
         self.registry.unregister(address, (gateway_id, connection_id), self.now)

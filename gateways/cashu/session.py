@@ -242,6 +242,20 @@ class CashuSession(DialectSession):
         self.by_key.clear()
         self.subs.clear()
 
+    def reannounce(self, link: ShardLink) -> None:
+        """Subscribe again to the keys held on the restarted shard behind ``link``; a state newer
+        than the one last forwarded (stored while the shard was down) is forwarded, as if pushed."""
+        keys = self._by_shard(self.by_key).get(link)
+        if keys:
+            self.shards.send(link, cashu.subscribe_many(tuple(keys), self.wire.id),
+                             lambda result: self._resubscribed(keys, result))
+
+    def _resubscribed(self, keys: list[str], result: Any) -> None:
+        if not self.closed and not isinstance(result, (ShardUnavailable, CommandError)):
+            for key, current in zip(keys, result):
+                if current is not None:  # None: nothing stored yet, as when it was subscribed
+                    self.on_event(RetainedEvent(key, current.version, current.payload, None))
+
     # -- requests -------------------------------------------------------------------------------
 
     def _subscribe(self, request: Subscribe, meta: tuple) -> None:

@@ -24,6 +24,7 @@ from collections import Counter, deque
 from typing import Any
 
 from actors.mx import contract as mx
+from actors.mx.contract import Subscription
 from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
@@ -109,6 +110,7 @@ class HubSession(DialectSession):
         self.sent_at = 0.0
         self.queue: deque[tuple[bytes, tuple | None]] = deque()
         self.subscriptions = 0
+        self.filters: list[Subscription] = []  # as the shard took them, to re-announce after a restart
         self.loop = asyncio.get_running_loop()
         self.accounts: list[tuple] = []  # (meta, bytes) written this loop turn, accounted together
         self.keepalive = Keepalive(self.config.ping_interval_s, self.config.idle_timeout_s)
@@ -150,9 +152,9 @@ class HubSession(DialectSession):
         gateway.accepted(meta, frame.counter, len(data), self.wire.id)
         counter, with_ack = frame.counter, frame.with_acknowledge
         self.shards.send(self.link, mx.subscribe(self.wire.id, subscription),
-                         lambda result: self._subscribed(result, counter, with_ack))
+                         lambda result: self._subscribed(result, subscription, counter, with_ack))
 
-    def _subscribed(self, result: Any, counter: int, with_ack: bool) -> None:
+    def _subscribed(self, result: Any, subscription: Subscription, counter: int, with_ack: bool) -> None:
         if self.closed:
             return
         if isinstance(result, (ShardUnavailable, CommandError)):
@@ -160,6 +162,7 @@ class HubSession(DialectSession):
             self.subscriptions -= 1
             self.dialect.drop("shard_unavailable")
             return
+        self.filters.append(subscription)
         if with_ack:
             self.wire.send_binary(codec.ack_frame(counter))
 
@@ -263,6 +266,12 @@ class HubSession(DialectSession):
             metrics.drops[(DIALECT, counted_as)] += len(self.queue) or 1
         self.release()
         self.wire.close(code, reason)
+
+    def reannounce(self, link: Any) -> None:
+        """The topic shard holding this consumer's filters restarted empty: send them again."""
+        if link is self.link:
+            for subscription in self.filters:
+                self.shards.send(link, mx.subscribe(self.wire.id, subscription))
 
     def released(self) -> None:
         self.dialect.queued_total -= len(self.queue)

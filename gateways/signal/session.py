@@ -96,6 +96,10 @@ class SignalSession(DialectSession):
         self.failed = 0
         self.registrations = Holdings(self.config.max_registrations_per_connection)
         self.subscriptions = Holdings(self.config.max_subscriptions_per_connection)
+        # What this connection holds in the shards, as last answered, to re-announce to one that
+        # restarted empty: address -> Registration, topic -> subscriber address.
+        self.registered: dict[str, Any] = {}
+        self.subscribed: dict[str, str] = {}
         self._handlers: dict[str, Callable[[Request], None]] = {
             "hub:connect": self._connect,
             "hub:heartbeat": self._heartbeat,
@@ -184,6 +188,25 @@ class SignalSession(DialectSession):
     def released(self) -> None:
         self.closing = True
         self._cleanup()
+
+    def reannounce(self, link: Any) -> None:
+        """Registrations (same token, version and remaining TTL) and subscriptions this connection
+        holds on the restarted shard behind ``link``."""
+        if self.closing or self.cleaned:
+            return
+        shards, connection_id, now = self.shards, self.wire.id, now_ms()
+        for address, registration in list(self.registered.items()):
+            if registration.expires_at <= now:
+                del self.registered[address]
+            elif shards.link(REGISTRY, address) is link:
+                shards.send(link, signal.restore(
+                    address, connection_id, registration.session_id, registration.capabilities, registration.metadata,
+                    registration.registered_at, registration.expires_at, registration.version,
+                    registration.renewal_token))
+        for topic, address in self.subscribed.items():
+            key = topic_key(topic)
+            if shards.link(TOPIC, key) is link:
+                shards.send(link, contract.subscribe(key, connection_id, address))
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -421,6 +444,7 @@ class SignalSession(DialectSession):
             self.registrations.settle(address, until)
 
         def registered(registration: Any) -> dict:
+            self.registered[registration.address] = registration
             return {
                 "actorAddress": registration.address,
                 "renewalToken": registration.renewal_token,
@@ -441,6 +465,7 @@ class SignalSession(DialectSession):
                 self.registrations.release(address)
 
         def unregistered(at: int) -> dict:
+            self.registered.pop(address, None)
             return {"actorAddress": address, "unregisteredAt": at}
 
         self._ask(request, REGISTRY, address, signal.unregister(address, self.wire.id), unregistered,
@@ -457,9 +482,12 @@ class SignalSession(DialectSession):
             if not isinstance(result, CommandError):
                 self.registrations.hold(address, time.monotonic() + ttl / 1000)
 
-        self._ask(request, REGISTRY, address, signal.renew(address, self.wire.id, token, ttl),
-                  lambda r: {"actorAddress": r.address, "expiresAt": r.expires_at,
-                             "newRenewalToken": r.renewal_token},
+        def renewed(registration: Any) -> dict:
+            self.registered[registration.address] = registration
+            return {"actorAddress": registration.address, "expiresAt": registration.expires_at,
+                    "newRenewalToken": registration.renewal_token}
+
+        self._ask(request, REGISTRY, address, signal.renew(address, self.wire.id, token, ttl), renewed,
                   "hub:renewed", settle)
 
     # -- discovery ------------------------------------------------------------------------
@@ -578,6 +606,7 @@ class SignalSession(DialectSession):
             self.subscriptions.settle(topic, None if isinstance(result, CommandError) else math.inf)
 
         def subscribed(_: bool) -> dict:
+            self.subscribed[topic] = address
             return {"topic": topic, "subscribedAt": now_ms()}
 
         key = topic_key(topic)
@@ -592,6 +621,7 @@ class SignalSession(DialectSession):
                 self.subscriptions.release(topic)
 
         def unsubscribed(_: bool) -> dict:
+            self.subscribed.pop(topic, None)
             return {"topic": topic, "unsubscribedAt": now_ms()}
 
         key = topic_key(topic)

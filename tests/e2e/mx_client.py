@@ -93,6 +93,21 @@ class Node:
         if with_acknowledge:
             await self.expect_ack(self.counter)
 
+    async def push_until_acknowledged(self, topic: str, payload: bytes, ack_timeout: float = 2.0,
+                                      attempts: int = 10) -> int:
+        """As the node's driver does: resend the frame (same counter) until its ACK comes; returns
+        how many times it was sent."""
+        self.counter += 1
+        frame = node.encode_node_frame(topic, payload, self.counter, self.marshaller, True)
+        for attempt in range(1, attempts + 1):
+            await self.ws.send(frame)
+            try:
+                await self.expect_ack(self.counter, ack_timeout)
+                return attempt
+            except TimeoutError:
+                continue
+        raise AssertionError(f"no ACK for frame {self.counter} after {attempts} attempts")
+
     async def expect_ack(self, counter: int, timeout: float = 10) -> None:
         data = await asyncio.wait_for(self.ws.recv(), timeout)
         if isinstance(data, str):

@@ -1,0 +1,216 @@
+"""A shard killed with SIGKILL comes back (Ray restarts it, empty, with a new epoch) and heals
+without any client action: each gateway re-announces what its connections held there, and the
+shard serves other commands only once every gateway has (``docs/architecture.md``, "Failure and
+recovery"). Signal Hub, Cashu and mx here; NoLag and Baqend in their own modules.
+
+Each test kills a real shard process and measures the healing time: from the kill until a new
+message reaches a subscriber that did nothing meanwhile (must be under 5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import ray
+
+from gateways.cashu import codec as cashu_codec
+from gateways.cashu.feed import FeedError
+from gateways.mx import codec, generator, node
+from router.shardmap import shard_index
+from tests.e2e.cashu_client import API_KEY, Wallet, push
+from tests.e2e.client import HubClient, run
+from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.mx_client import Consumer, Node
+
+pytestmark = pytest.mark.e2e
+
+HEAL_LIMIT_S = 5.0
+HEALING_TIMES: dict[str, float] = {}  # printed at the end of the module (the note reports them)
+
+
+@pytest.fixture(scope="module")
+def healing(ray_runtime, tmp_path_factory) -> RunningRouter:
+    running = start_router(
+        namespace="e2e-healing", data_dir=tmp_path_factory.mktemp("healing-data"), port=0, gateways=2,
+        ray_dashboard=False, shards={"session": 1, "topic": 2, "registry": 2},
+        nolag={"enabled": False}, baqend={"enabled": False},
+        cashu={"state_api_key": API_KEY},
+    )
+    yield running
+    running.router.stop()
+    print("\nhealing times (s):", {name: round(value, 3) for name, value in HEALING_TIMES.items()})
+
+
+def main_port_urls(running: RunningRouter, path: str) -> list[str]:
+    return [f"ws://127.0.0.1:{gateway['listeners'][0]['port']}{path}" for gateway in running.router.endpoints()]
+
+
+def http_urls(running: RunningRouter) -> list[str]:
+    return [f"http://127.0.0.1:{gateway['listeners'][0]['port']}" for gateway in running.router.endpoints()]
+
+
+def kill_shard(running: RunningRouter, kind: str, index: int) -> tuple[float, str]:
+    """SIGKILL shard ``index`` of ``kind``; returns when it was killed and the epoch it had."""
+    shard = running.router.shards[kind][index]
+    info = ray.get(shard.info.remote(), timeout=30)
+    os.kill(info["pid"], signal.SIGKILL)
+    return time.monotonic(), info["epoch"]
+
+
+def owner(running: RunningRouter, kind: str, key: str) -> int:
+    return shard_index(key, len(running.router.shards[kind]))
+
+
+def shard_info(running: RunningRouter, kind: str, index: int) -> dict[str, Any]:
+    return ray.get(running.router.shards[kind][index].info.remote(), timeout=30)
+
+
+async def until(probe: Any, timeout: float = 15) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "not healed in time"
+        await asyncio.sleep(0.02)
+
+
+def healed(name: str, killed_at: float) -> float:
+    took = time.monotonic() - killed_at
+    HEALING_TIMES[name] = took
+    assert took < HEAL_LIMIT_S, f"{name} took {took:.2f}s to heal"
+    return took
+
+
+# -- Signal Hub ----------------------------------------------------------------------------------
+
+
+def test_signal_registrations_keep_token_version_and_ttl_across_a_registry_restart(healing):
+    a_url, b_url = main_port_urls(healing, "/signal")
+
+    async def scenario():
+        a = await HubClient.open(a_url, "heal/a")
+        b = await HubClient.open(b_url, "heal/b")
+        registered = await a.request("hub:register", {"actorAddress": "heal/a", "ttl": 60_000,
+                                                      "capabilities": ["chat"], "metadata": {"v": 1}})
+        before = await b.request("hub:discover", {"pattern": "^heal/a$"})
+        index = owner(healing, "registry", "heal/a")
+        killed_at, epoch = kill_shard(healing, "registry", index)
+
+        async def found():
+            reply = await b.request("hub:discover", {"pattern": "^heal/a$"})
+            return reply["type"] == "hub:discovery_result" and reply["payload"]["totalMatches"] == 1 and reply
+
+        after = await until(found)
+        healed("signal registry", killed_at)
+        assert shard_info(healing, "registry", index)["epoch"] != epoch
+        assert after["payload"]["actors"] == before["payload"]["actors"]  # same registeredAt, metadata
+        await b.send("hub:send", {"after": "restart"}, to="heal/a")
+        assert (await a.recv())["payload"] == {"after": "restart"}
+        renewed = await a.request("hub:renew", {"actorAddress": "heal/a",
+                                                "renewalToken": registered["payload"]["renewalToken"]})
+        assert renewed["type"] == "hub:renewed", renewed  # the token it held before the restart
+        await a.close()
+        await b.close()
+
+    run(scenario())
+
+
+def test_signal_subscriptions_come_back_and_the_next_publish_reaches_them(healing):
+    a_url, b_url = main_port_urls(healing, "/signal")
+
+    async def scenario():
+        near = await HubClient.open(a_url, "heal/near")
+        far = await HubClient.open(b_url, "heal/far")
+        for subscriber in (near, far):
+            assert (await subscriber.request("hub:subscribe", {"topic": "heal/news"}))["type"] == "hub:subscribed"
+        publisher = await HubClient.open(a_url, "heal/publisher")
+        index = owner(healing, "topic", "signal/heal/news")
+        killed_at, _ = kill_shard(healing, "topic", index)
+        reply = await publisher.request("hub:publish", {"topic": "heal/news", "message": "after"})
+        while reply["type"] != "hub:delivery_ack":  # it may have met the dying process
+            reply = await publisher.request("hub:publish", {"topic": "heal/news", "message": "after"})
+        assert reply["payload"]["subscriberCount"] == 2, reply  # never a shard that forgot them
+        for subscriber in (near, far):
+            message = await subscriber.recv()
+            assert (message["type"], message["payload"]) == ("hub:publish", {"topic": "heal/news", "message": "after"})
+        healed("signal topic", killed_at)
+        for client in (near, far, publisher):
+            await client.close()
+
+    run(scenario())
+
+
+# -- Cashu ------------------------------------------------------------------------------------------
+
+
+async def push_until_stored(http_url: str, payload: dict) -> None:
+    """As a mint's feeder does: a 503 (the shard died under that push) means push it again."""
+    while True:
+        try:
+            await push(http_url, "proof_state", payload)
+            return
+        except FeedError as error:
+            assert error.status == 503, error
+
+
+def test_cashu_subscribers_get_every_state_pushed_after_the_restart(healing):
+    (_, ws_url), (http_url, _) = main_port_urls(healing, "/v1/ws"), http_urls(healing)
+    y = "02" + os.urandom(32).hex()
+
+    async def scenario():
+        wallet = await Wallet.open(ws_url)
+        request_id = await wallet.subscribe("proof_state", [y], "s1")
+        await wallet.expect_ok(request_id, "s1")
+        assert (await wallet.notification())[1]["state"] == "UNSPENT"
+        index = owner(healing, "topic", cashu_codec.object_key("proof_state", y))
+        killed_at, _ = kill_shard(healing, "topic", index)
+        await push_until_stored(http_url, {"Y": y, "state": "PENDING", "witness": None})
+        assert await wallet.notification() == ("s1", {"Y": y, "state": "PENDING", "witness": None})
+        healed("cashu topic", killed_at)
+        await push(http_url, "proof_state", {"Y": y, "state": "SPENT", "witness": None})
+        assert await wallet.notification() == ("s1", {"Y": y, "state": "SPENT", "witness": None})
+        await wallet.quiet()
+        await wallet.close()
+
+    run(scenario())
+
+
+# -- mx ----------------------------------------------------------------------------------------------
+
+
+def test_mx_every_acknowledged_block_reaches_the_consumers_after_each_topic_shard_restart(healing):
+    node_url, consumer_url = main_port_urls(healing, "/save")[0], main_port_urls(healing, "/hub/ws")[1]
+
+    async def scenario():
+        consumers = []
+        for _ in range(4):  # their filters are spread over both topic shards
+            consumer = await Consumer.open(consumer_url)
+            await consumer.subscribe("All")
+            consumers.append(consumer)
+        feeder = await Node.open(node_url)
+        seed = 7000
+        for index in range(len(healing.router.shards["topic"])):
+            killed_at, _ = kill_shard(healing, "topic", index)
+            saved = generator.generate_save_block(seed + index, transactions=5)
+            # Acknowledged once every topic shard took it; a frame that met the dying shard gets no
+            # ACK and is sent again, so consumers of the other shard may see its events twice.
+            await feeder.push_until_acknowledged(node.SAVE_BLOCK, generator.save_block_payload(saved, feeder.marshaller))
+            await feeder.finalize(saved)
+            events = [event.SerializeToString() for event in node.normalize_save_block(saved).events]
+            block_hash = saved.BlockData.HeaderHash.hex()
+            for consumer in consumers:
+                got = await consumer.until_finalized(block_hash)
+                received = [m.SerializeToString() for t, m in got if t == codec.EVENTS_TOPIC]
+                assert list(dict.fromkeys(received)) == events  # every event, in order, at least once
+            healed(f"mx topic {index}", killed_at)
+        for consumer in consumers:
+            await consumer.close()
+        await feeder.close()
+
+    run(scenario())
