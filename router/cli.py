@@ -54,8 +54,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
-        while not stop.is_set():
-            router.supervise(timeout=0.5)
+        while not stop.is_set() and router.supervise(timeout=0.5):
+            pass
     finally:
         print("router: shutting down", flush=True)
         router.stop()
@@ -86,6 +86,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         sizes = ", ".join(f"{k} {v}" for k, v in shard.items()
                           if k not in ("name", "kind", "epoch", "pid", "batches", "commands") and not isinstance(v, dict))
         print(f"  {shard['name']:<18} batches {shard['batches']:>8}  commands {shard['commands']:>10}  {sizes}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    import ray
+
+    from router.runtime import stop_everything
+
+    ray.init(address=settings.ray_address or "auto", namespace=settings.namespace, logging_level=logging.WARNING)
+    try:
+        stopped = stop_everything(settings.namespace)
+    finally:
+        ray.shutdown()
+    print(f"namespace {settings.namespace}: stopped {stopped['gateways']} gateway(s) and {stopped['shards']} shard(s)")
     return 0
 
 
@@ -150,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(status)
     status.add_argument("--json", action="store_true", help="print the full status as JSON")
     status.set_defaults(func=cmd_status)
+
+    stop = sub.add_parser("stop", help="stop every gateway and shard of a router on a Ray cluster")
+    common(stop)
+    stop.set_defaults(func=cmd_stop)
 
     analytics = sub.add_parser("analytics", help="throughput report from the event log (Spark on Ray via RayDP)")
     common(analytics)

@@ -4,12 +4,17 @@ Used by ``router serve`` and by the test suite, so both start the router the sam
 
 - Embedded (no Ray address): ``ray.init()`` starts a local Ray with token authentication on
   (Ray 2.60's default for new local clusters; the token is written to ``~/.ray/auth_token``).
-- Cluster (``--address auto`` or ``host:port``): joins a running Ray. Shards are named actors
-  created if missing (``get_if_exists``) and owned by the driver that created them, so start the
-  router that owns them first and stop it last; every ``router serve`` adds its own gateways.
+- Cluster (``--address auto`` or ``host:port``): joins a running Ray. Shards are *detached*
+  named actors, created by the first ``router serve`` and found (``get_if_exists``) by the others,
+  so they outlive the process that created them; every ``router serve`` adds its own gateways
+  (owned by it: they end with it). The last router to stop removes the shards; ``router stop``
+  removes everything in the namespace.
 
-The supervisor watches each gateway; when one dies it tells every shard to forget the gateway's
-connections and starts a replacement on the same ports.
+The supervisor watches its own gateways; when one dies it tells every shard to forget the
+gateway's connections and starts a replacement on the same ports. Shards are restarted by Ray
+itself (``max_restarts=-1``), whichever router is alive; a shard also forgets a gateway whose lane
+closed and whose actor is gone (``actors/shard.py``), so a router killed with its gateways
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ class Router:
         for kind, components in shard_components(settings).items():
             self.shards[kind] = [
                 ShardActor.options(
-                    name=shard_name(kind, index), namespace=settings.namespace, get_if_exists=True
+                    name=shard_name(kind, index), namespace=settings.namespace, get_if_exists=True,
+                    lifetime="detached",
                 ).remote(kind, index, settings, components)
                 for index in range(getattr(settings.shards, kind))
             ]
@@ -104,24 +110,37 @@ class Router:
 
     # -- supervise ------------------------------------------------------------------------
 
-    def supervise(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for a gateway to die; replace any that did."""
+    def supervise(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a gateway to die; replace any that did. False when
+        the router was stopped from outside (``router stop`` removed the shards)."""
         watches = {record.watch: record for record in self.gateways}
         if not watches:
             time.sleep(timeout)
-            return
+            return True
         ready, _ = ray.wait(list(watches), num_returns=1, timeout=timeout)
         for ref in ready:
             record = watches[ref]
             try:
                 ray.get(ref)
-                continue  # stopped on purpose
+                logger.warning("gateway %s was stopped from outside (router stop): stopping", record.gateway_id)
+                return False
             except Exception as error:  # the actor died
                 logger.warning("gateway %s died (%s); replacing it", record.gateway_id, type(error).__name__)
+            if not self._shards_exist():
+                logger.warning("the shards are gone (router stop): stopping")
+                return False
             self.forget_gateway(record.gateway_id)
             replacement = self._start_gateway(record.index)
             self.gateways[self.gateways.index(record)] = replacement
             self.restarts += 1
+        return True
+
+    def _shards_exist(self) -> bool:
+        try:
+            ray.get_actor(shard_name(next(iter(self.shards)), 0), namespace=self.settings.namespace)
+        except (ValueError, StopIteration):
+            return False
+        return True
 
     def forget_gateway(self, gateway_id: str) -> None:
         refs = [shard.purge_gateway.remote(gateway_id) for shards in self.shards.values() for shard in shards]
@@ -130,6 +149,8 @@ class Router:
     # -- stop -----------------------------------------------------------------------------
 
     def stop(self) -> None:
+        """Stop this router's gateways; the shards too if no other router's gateway is left."""
+        mine = {gateway_name(record.gateway_id) for record in self.gateways}
         for record in self.gateways:
             try:
                 ray.get(record.actor.stop.remote(), timeout=10)
@@ -137,9 +158,14 @@ class Router:
                 logger.warning("gateway %s did not stop cleanly", record.gateway_id)
             ray.kill(record.actor)
         self.gateways.clear()
-        for shards in self.shards.values():
-            for shard in shards:
-                ray.kill(shard)
+        others = [name for name in _named(self.settings.namespace) if name.startswith(GATEWAY_PREFIX)
+                  and name not in mine] if ray.is_initialized() and self.shards else []
+        if others:
+            logger.info("leaving the shards to the %d other gateway(s) in %r", len(others), self.settings.namespace)
+        else:
+            for shards in self.shards.values():
+                for shard in shards:
+                    ray.kill(shard, no_restart=True)
         self.shards.clear()
         if self._owns_ray:
             ray.shutdown()
@@ -151,10 +177,38 @@ class Router:
         return [record.info for record in self.gateways]
 
 
+def _named(namespace: str) -> list[str]:
+    return sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                  if entry.get("namespace") == namespace)
+
+
+def stop_everything(namespace: str) -> dict[str, int]:
+    """``router stop``: every gateway (which makes their routers exit), then every shard, of the
+    router in ``namespace`` on the connected cluster."""
+    names = _named(namespace)
+    gateways = [name for name in names if name.startswith(GATEWAY_PREFIX)]
+    shards = [name for name in names if SHARD_SUFFIX in name]
+    for name in shards:  # first: a supervisor that sees its gateway die then finds no shard and exits
+        _kill(name, namespace)
+    for name in gateways:
+        try:
+            ray.get(ray.get_actor(name, namespace=namespace).stop.remote(), timeout=10)
+        except Exception:
+            logger.warning("%s did not stop cleanly", name)
+        _kill(name, namespace)
+    return {"gateways": len(gateways), "shards": len(shards)}
+
+
+def _kill(name: str, namespace: str) -> None:
+    try:
+        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    except ValueError:
+        pass  # gone already
+
+
 def cluster_status(namespace: str) -> dict[str, Any]:
     """Gateways and shards of the router in ``namespace`` on the connected Ray cluster."""
-    names = sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                   if entry.get("namespace") == namespace)
+    names = _named(namespace)
     gateways, shards = [], []
     for name in names:
         try:

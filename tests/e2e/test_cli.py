@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -116,3 +117,68 @@ def test_make_serve_starts_an_embedded_router_that_answers_a_signal_hub_client(t
         assert "router: stopped" in served.lines
     finally:
         served.kill()
+
+
+def test_shards_outlive_the_router_that_created_them_and_router_stop_ends_the_rest(ray_runtime, tmp_path):
+    """Two `router serve` on one cluster: SIGKILL the first (it created the shards, and its gateways
+    end with it). The shards stay, the second router serves on, and the dead gateway's Signal
+    registrations are purged on every shard at once (not left to their TTL). `router stop` then
+    ends the second router and removes every actor of the namespace."""
+    import ray
+
+    namespace = "e2e-two-routers"
+    env = {"ROUTER_RAY_DASHBOARD": "false", "ROUTER_DATA_DIR": str(tmp_path)}
+    command = [ROUTER, "serve", "--address", ray_runtime, "--namespace", namespace, "--port", "0"]
+    creator = Served(command, env)
+    joiner = None
+    try:
+        creator.wait_for(r"router: ready", 120)
+        joiner = Served(command, env)
+        joiner.wait_for(r"router: ready", 120)
+        (creator_url,) = [m for line in creator.lines for m in READY_URL.findall(line)]
+        (joiner_url,) = [m for line in joiner.lines for m in READY_URL.findall(line)]
+
+        async def register(url: str, address: str) -> HubClient:
+            client = await HubClient.open(url, address)
+            reply = await client.request("hub:register", {"actorAddress": address, "ttl": 3_600_000})
+            assert reply["type"] == "hub:registered", reply
+            return client
+
+        async def discovered(client: HubClient) -> list[str]:
+            found = await client.request("hub:discover", {"pattern": "^two/"})
+            assert found["type"] == "hub:discovery_result", found
+            return [actor["actorAddress"] for actor in found["payload"]["actors"]]
+
+        async def scenario() -> float:
+            await register(creator_url, "two/doomed")  # left open: its gateway dies under it
+            survivor = await register(joiner_url, "two/survivor")
+            observer = await HubClient.open(joiner_url, "two/observer")
+            assert await discovered(observer) == ["two/doomed", "two/survivor"]
+            creator.kill()  # SIGKILL: no clean stop, and no supervisor left for its gateway
+            started = time.monotonic()
+            while await discovered(observer) != ["two/survivor"]:
+                assert time.monotonic() - started < 30, "the dead gateway's registration is still there"
+                await asyncio.sleep(0.1)
+            waited = time.monotonic() - started
+            await observer.send("hub:send", {"still": "here"}, to="two/survivor")
+            assert (await survivor.recv())["payload"] == {"still": "here"}  # the shards lived on
+            await survivor.close()
+            await observer.close()
+            return waited
+
+        assert run(scenario()) < 30  # a TTL of an hour would say otherwise
+        stopped = subprocess.run([ROUTER, "stop", "--address", ray_runtime, "--namespace", namespace],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert re.search(r"stopped 1 gateway\(s\) and \d+ shard\(s\)", stopped.stdout), stopped.stdout
+        assert joiner.process.wait(60) == 0
+        assert "router: stopped" in joiner.lines
+        deadline = time.monotonic() + 30
+        while [entry for entry in ray.util.list_named_actors(all_namespaces=True)
+               if entry.get("namespace") == namespace]:
+            assert time.monotonic() < deadline, "actors left in the namespace"
+            time.sleep(0.1)
+    finally:
+        creator.kill()
+        if joiner is not None:
+            joiner.kill()
