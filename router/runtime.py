@@ -143,8 +143,15 @@ class Router:
         return True
 
     def forget_gateway(self, gateway_id: str) -> None:
-        refs = [shard.purge_gateway.remote(gateway_id) for shards in self.shards.values() for shard in shards]
-        ray.get(refs, timeout=30)
+        """Every shard forgets the gateway's connections. A shard that fails the call (it is
+        restarting) is left to itself: a restarted shard holds only what live gateways re-announce,
+        and a running one purges a gateway whose lane closed and whose actor is gone."""
+        refs = {shard.purge_gateway.remote(gateway_id): shard for shards in self.shards.values() for shard in shards}
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=30)
+            except Exception as error:
+                logger.warning("a shard did not purge gateway %s (%s)", gateway_id, type(error).__name__)
 
     # -- stop -----------------------------------------------------------------------------
 
