@@ -270,6 +270,7 @@ class Gateway:
             if self.metrics is not None and now - last_publish >= publish_every:
                 last_publish = now
                 self._publish_metrics()
+            self.shards.poll_epochs()
 
     def _publish_metrics(self) -> None:
         by_dialect = {d.name: 0 for d in self.dialects}

@@ -446,6 +446,22 @@ class ShardClient:
             link.scheduled = True
             self.loop.call_soon(self._flush_scheduled, link)
 
+    def poll_epochs(self) -> None:
+        """Without lanes (a lane's closing tells of a restart): ask every shard its epoch, since a
+        restart would otherwise be noticed only by the next command, and a shard holding this
+        gateway's subscriptions may get none for a long time."""
+        if self.node_id is not None:
+            return
+        for link in self._all_links():
+            if link.epoch is not None and (link.reconnect is None or link.reconnect.done()):
+                link.reconnect = self.loop.create_task(self._poll(link))
+
+    async def _poll(self, link: ShardLink) -> None:
+        try:
+            await self._probe(link, self.timeout_s)
+        except Exception as error:  # restarting: the next sweep asks again
+            logger.info("shard %s: epoch not known (%s)", link.name, type(error).__name__)
+
     def _recover(self, link: ShardLink) -> None:
         """``link`` lost its lane or a call: hold its commands until its epoch is known again (for at
         most the request timeout; the commands then go and may time out), and reopen its lane."""

@@ -214,3 +214,46 @@ def test_mx_every_acknowledged_block_reaches_the_consumers_after_each_topic_shar
         await feeder.close()
 
     run(scenario())
+
+
+# -- without lanes ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def laneless(ray_runtime, tmp_path_factory) -> RunningRouter:
+    running = start_router(
+        namespace="e2e-healing-nolanes", data_dir=tmp_path_factory.mktemp("healing-nolanes"), port=0, gateways=2,
+        ray_dashboard=False, shards={"session": 1, "topic": 1, "registry": 1}, gateway={"lanes": False},
+        nolag={"enabled": False}, baqend={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False},
+    )
+    yield running
+    running.router.stop()
+
+
+def test_without_lanes_an_idle_gateway_notices_the_restart_and_re_announces(laneless):
+    """No lane closes to tell of the restart, and the subscriber's gateway sends nothing: it asks
+    every shard's epoch on its sweep, so the shard heals without waiting for its timeout."""
+    subscriber_url, publisher_url = main_port_urls(laneless, "/signal")
+
+    async def scenario():
+        subscriber = await HubClient.open(subscriber_url, "quiet/subscriber")
+        assert (await subscriber.request("hub:subscribe", {"topic": "quiet"}))["type"] == "hub:subscribed"
+        publisher = await HubClient.open(publisher_url, "quiet/publisher")
+        killed_at, epoch = kill_shard(laneless, "topic", 0)
+
+        async def healed_by_both():
+            try:
+                info = await asyncio.to_thread(shard_info, laneless, "topic", 0)
+            except ray.exceptions.RayError:  # still restarting
+                return False
+            return info["epoch"] != epoch and info["healed_in"] is not None and info["healing"] == []
+
+        await until(healed_by_both)  # healed_in is set only when every gateway re-announced
+        reply = await publisher.request("hub:publish", {"topic": "quiet", "message": 1})
+        assert reply["type"] == "hub:delivery_ack" and reply["payload"]["subscriberCount"] == 1, reply
+        assert (await subscriber.recv())["payload"] == {"topic": "quiet", "message": 1}
+        healed("signal topic, no lanes", killed_at)
+        await subscriber.close()
+        await publisher.close()
+
+    run(scenario())
