@@ -63,17 +63,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def _on_cluster(settings: RouterSettings, action: Any) -> Any:
+    """``action(namespace)`` connected to the router's Ray cluster (``--address``, else ``auto``)."""
     import ray
-
-    from router.runtime import cluster_status
 
     ray.init(address=settings.ray_address or "auto", namespace=settings.namespace, logging_level=logging.WARNING)
     try:
-        status = cluster_status(settings.namespace)
+        return action(settings.namespace)
     finally:
         ray.shutdown()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    from router.runtime import cluster_status
+
+    status = _on_cluster(settings, cluster_status)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
@@ -91,15 +96,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    import ray
-
     from router.runtime import stop_everything
 
-    ray.init(address=settings.ray_address or "auto", namespace=settings.namespace, logging_level=logging.WARNING)
-    try:
-        stopped = stop_everything(settings.namespace)
-    finally:
-        ray.shutdown()
+    stopped = _on_cluster(settings, stop_everything)
     print(f"namespace {settings.namespace}: stopped {stopped['gateways']} gateway(s) and {stopped['shards']} shard(s)")
     return 0
 
