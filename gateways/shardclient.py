@@ -49,6 +49,11 @@ _CLOCK_SLACK_S = 0.001  # a timer may fire this much before its deadline by the 
 _HEALING_RETRY_S = 0.02  # a healing shard's retried commands go again after this
 
 
+def _after_reannounced(commands: list[tuple]) -> int:
+    """Where a gateway's own re-announcements end in ``commands`` (0 if none is queued)."""
+    return next((i + 1 for i, command in enumerate(commands) if command[0] == contract.Op.REANNOUNCED), 0)
+
+
 class _Batch:
     __slots__ = ("commands", "callbacks", "timeouts", "sent_at", "expired", "done", "results", "bundle", "abandoned",
                  "timer", "size")
@@ -83,7 +88,7 @@ class ShardLink:
     """
 
     __slots__ = ("name", "handle", "commands", "callbacks", "timeouts", "inflight", "scheduled", "lane",
-                 "next_lane", "lane_batches", "reconnect", "epoch", "held")
+                 "next_lane", "lane_batches", "reconnect", "epoch", "held", "retried_head")
 
     def __init__(self, name: str, handle: Any) -> None:
         self.name = name
@@ -99,6 +104,7 @@ class ShardLink:
         self.reconnect: asyncio.Task | None = None
         self.epoch: str | None = None  # the shard incarnation this link last heard from
         self.held = False  # commands wait: the shard may have restarted, its epoch is not known yet
+        self.retried_head = 0  # commands a healing shard sent back, queued right after core.reannounced
 
 
 class ShardClient:
@@ -223,6 +229,8 @@ class ShardClient:
             link.lane, link.next_lane = link.next_lane, None
         while link.commands and len(link.inflight) < self.max_inflight:
             batch_max = self.batch_max
+            if link.retried_head:
+                link.retried_head = max(0, link.retried_head - max(0, batch_max - _after_reannounced(link.commands)))
             commands, callbacks, timeouts = (link.commands[:batch_max], link.callbacks[:batch_max],
                                              link.timeouts[:batch_max])
             del link.commands[:batch_max]
@@ -365,15 +373,22 @@ class ShardClient:
         """A healing shard did not run these commands: send them again shortly, after this
         gateway's own re-announcements if those are still queued."""
         commands = link.commands
-        at = next((i + 1 for i, command in enumerate(commands) if command[0] == contract.Op.REANNOUNCED), 0)
+        # After the retried commands of earlier batches: they go again in the order they were sent.
+        at = _after_reannounced(commands) + link.retried_head
+        link.retried_head += len(indexes)
         commands[at:at] = [batch.commands[i] for i in indexes]
         link.callbacks[at:at] = [batch.callbacks[i] for i in indexes]
         link.timeouts[at:at] = [batch.timeouts[i] or self.timeout_s for i in indexes]
         self.pending += len(indexes)
         self.retried += len(indexes)
-        if not link.scheduled:
-            link.scheduled = True
-            self.loop.call_later(_HEALING_RETRY_S, self._flush_scheduled, link)
+        if not link.held:  # the whole link pauses a moment: the shard would send everything back
+            link.held = True
+            self.loop.call_later(_HEALING_RETRY_S, self._resume, link)
+
+    def _resume(self, link: ShardLink) -> None:
+        if link.held:
+            link.held = False
+            self._flush(link)
 
     def _answer(self, callbacks: list[Callback | None], error: Exception) -> None:
         self.pending -= len(callbacks)
@@ -511,13 +526,13 @@ class ShardClient:
             return
         link.lane = None
         self.lanes_lost += 1
+        if not self.closed:
+            logger.warning("lane to %s lost (%s); reopening", link.name, exc or "closed")
+            self._recover(link)  # first: what the failures' callbacks send waits for the epoch
         failed, link.lane_batches = link.lane_batches, deque()
         error = ShardUnavailable(f"{link.name}: lane lost")
         for batch in failed:
             self._settle(link, batch, error, None)
-        if not self.closed:
-            logger.warning("lane to %s lost (%s); reopening", link.name, exc or "closed")
-            self._recover(link)
 
     def _reopen(self, link: ShardLink) -> None:
         """Until the link knows its epoch and (when lanes are wanted) has a lane again, keep trying."""

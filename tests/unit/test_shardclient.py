@@ -306,3 +306,29 @@ def test_a_held_link_sends_after_the_request_timeout_when_the_epoch_stays_unknow
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_commands_a_healing_shard_sends_back_go_again_in_the_order_they_were_sent():
+    from router.errors import CommandError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        client = _client(loop, handle)
+        link = client.link("topic", "k")
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: len(handle.calls) == 1)
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2)
+        healing = CommandError("healing", "retry")
+        handle.futures[0].set_result(([healing], None, "e1"))
+        handle.futures[1].set_result(([healing], None, "e1"))
+        await _until(lambda: len(handle.calls) == 3)
+        assert handle.calls[2] == [("a",), ("b",)] and answers == []
+        handle.futures[2].set_result((["A", "B"], None, "e1"))
+        await _until(lambda: answers == ["A", "B"])
+        assert client.stats()["retried"] == 2 and client.pending == 0
+        client.close()
+
+    asyncio.run(scenario())
