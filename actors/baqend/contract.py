@@ -59,9 +59,10 @@ def get(bucket: str, key: str, principals: frozenset = frozenset()) -> tuple:
     return (Op.GET, bucket, key, principals)
 
 
-def scan(bucket: str, query: Any = None, after: str | None = None) -> tuple:
-    """Answers a :class:`Scan`: one page of the shard's matching documents with ids above ``after``."""
-    return (Op.SCAN, bucket, query, after)
+def scan(bucket: str, query: Any = None, after: str | None = None, include: tuple = ()) -> tuple:
+    """Answers a :class:`Scan`: one page of the shard's matching documents with ids above ``after``,
+    and the current images of the ids of ``include`` in its range that do not match (``others``)."""
+    return (Op.SCAN, bucket, query, after, include)
 
 
 class Scan(NamedTuple):
@@ -73,6 +74,7 @@ class Scan(NamedTuple):
     documents: list
     upto: str | None  # the last id the page covers (scan on after it); None: the shard is done
     nbytes: int  # the documents' stored size
+    others: tuple = ()  # the documents of the scan's ``include`` that do not match (not counted in nbytes)
 
 
 class Write(NamedTuple):
@@ -88,21 +90,24 @@ class Write(NamedTuple):
 
 # -- query shards ---------------------------------------------------------------------------------
 
-def subscribe(key: str, connection_id: int, sub_id: str, spec: Any, principals: frozenset = frozenset()) -> tuple:
-    """Register a query (its initial result follows ``load``); answers True."""
-    return (Op.SUBSCRIBE, key, connection_id, sub_id, spec, principals)
+def subscribe(key: str, connection_id: int, sub_id: str, spec: Any, principals: frozenset = frozenset(),
+              known: "Known | None" = None) -> tuple:
+    """Register a query (its initial result follows ``load``); answers True. With ``known`` (what the
+    client already holds: the query is registered again after a restart), ``load`` sends the events
+    from that to the fresh result instead of a result."""
+    return (Op.SUBSCRIBE, key, connection_id, sub_id, spec, principals, known)
 
 
 def page(key: str, scan: Scan) -> tuple:
-    """One page of a document shard's scan for a loading query, in the shard's page order;
-    answers True (False if it is gone or already loaded)."""
+    """One page of a document shard's scan for a loading query; answers True (False if it is gone
+    or already loaded)."""
     return (Op.PAGE, key, scan)
 
 
-def load(key: str) -> tuple:
-    """Every document shard's pages are in: build the query and send its result; answers True
-    (False if it is gone)."""
-    return (Op.LOAD, key)
+def load(key: str, pages: int) -> tuple:
+    """Every document shard's pages were read, ``pages`` of them: build the query and send its
+    result once they are all in (whatever order they came in); answers True (False if it is gone)."""
+    return (Op.LOAD, key, pages)
 
 
 def unsubscribe(key: str) -> tuple:
@@ -111,6 +116,27 @@ def unsubscribe(key: str) -> tuple:
 
 def writes(source: int, epoch: str, items: list[Write]) -> tuple:
     return (Op.WRITES, source, epoch, items)
+
+
+def tag(document: Any) -> tuple:
+    """What tells one image of a document from another: its version and its last write's time (a
+    document deleted and made again starts at version 1 again)."""
+    return (document.get("version"), document.get("updatedAt"))
+
+
+class Known(NamedTuple):
+    """What a client holds of a query's result, as its gateway tracked it."""
+
+    entries: list  # (id, tag) in the client's order (the window's, for a sorted query)
+    since: str  # the time of its last message (Baqend's ISO format): later writes are news to it
+
+
+class Baseline(NamedTuple):
+    """A ``DELIVER_EVENT`` payload nothing is sent for: a query loaded without ``initial``, as the
+    (id, tag) entries of its result, what the gateway tracks for the client from then on."""
+
+    key: str
+    entries: list
 
 
 class InitialResult(NamedTuple):
@@ -126,3 +152,6 @@ class Matches(NamedTuple):
     key: str
     events: list  # event fields
     meta: tuple | None
+    # None: ``events`` are every change (the gateway tracks the result from them); else the query
+    # filters its events, and these are all of them as (matchType, id, tag or None, index or None)
+    view: list | None = None

@@ -14,7 +14,7 @@ import uuid
 from abc import ABC, abstractmethod
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Container, Mapping, NamedTuple
 
 import orjson
 
@@ -397,6 +397,7 @@ class Page(NamedTuple):
     documents: list[Document]
     upto: str | None  # None: nothing after this page
     nbytes: int
+    others: tuple = ()  # the documents of ``include`` in the page's range that ``keep`` refused
 
 
 class DocumentTable:
@@ -427,12 +428,14 @@ class DocumentTable:
         return self.store.load(oid)
 
     def scan(self, bucket: str, keep: Callable[[Document], bool] = lambda d: True, after: str | None = None,
-             max_rows: int = 1000, max_bytes: int = 1 << 20) -> Page:
+             max_rows: int = 1000, max_bytes: int = 1 << 20, include: Container[str] = ()) -> Page:
         """One page of the bucket's documents that ``keep`` accepts, ids above ``after`` in id order.
 
         At most ``max_rows`` stored rows are read, and the documents stop before ``max_bytes`` of
         bodies (a page has at least one, so it always moves on). Writes not yet committed are
         seen as they will be stored. ``upto`` is the last id the page covers, None at the end.
+        The documents of ``include`` that ``keep`` refuses come in ``others`` (a live query being
+        rebuilt needs the current image of what its client holds), within the same byte bound.
         """
         rows = self.store.rows(bucket, after, max_rows)
         upto = rows[-1][0] if len(rows) == max_rows else None  # below it the store was read whole
@@ -442,7 +445,9 @@ class DocumentTable:
             if row_bucket == bucket and (after is None or oid > after) and (upto is None or oid <= upto):
                 candidates[oid] = (document, body)
         documents: list[Document] = []
-        size, examined = 0, after
+        others: list[Document] = []
+        size = total = 0  # bytes of the documents, and with the others (what bounds the page)
+        examined = after
         for oid in sorted(candidates):
             document, body = candidates[oid]
             if body is None:  # deleted, not yet committed
@@ -450,13 +455,18 @@ class DocumentTable:
                 continue
             if document is None:
                 document = orjson.loads(body)
-            if keep(document):
-                if documents and size + len(body) > max_bytes:
-                    return Page(documents, examined, size)
-                documents.append(document)
-                size += len(body)
+            matches = keep(document)
+            if matches or oid in include:
+                if total and total + len(body) > max_bytes:
+                    return Page(documents, examined, size, tuple(others))
+                total += len(body)
+                if matches:
+                    documents.append(document)
+                    size += len(body)
+                else:
+                    others.append(document)
             examined = oid
-        return Page(documents, upto, size)
+        return Page(documents, upto, size, tuple(others))
 
     def commit(self) -> None:
         if not self._pending:

@@ -12,10 +12,15 @@ synchronous actor in submission order). A subscription is registered first (:met
 for it are buffered from then on); then the gateway scans every document shard page by page
 (bounded work per call), each page answering with the documents of an id range and the
 ``(epoch, seq)`` of the shard's last write when it was read, and hands the pages here
-(:meth:`page`); :meth:`load` builds the query from them and replays the buffered writes the page
-of their document did not include (``seq`` above that page's), and remembers to skip the writes a
-page did include but that are still on their way. So the result is exactly the database as of the
-writes this shard has seen, and every later write is applied once. Pure: no Ray, no I/O.
+(:meth:`page`); :meth:`load` builds the query from them once all have come (in any order) and
+replays the buffered writes the page of their document did not include (``seq`` above that
+page's), and remembers to skip the writes a page did include but that are still on their way. So
+the result is exactly the database as of the writes this shard has seen, and every later write is
+applied once.
+
+A query registered again after a restart (its gateway tells what the client holds, ``known``)
+loads the same way, but sends the events from what the client holds to that result
+(:mod:`actors.baqend.resync`) instead of a result. Pure: no Ray, no I/O.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from actors.baqend.mongoquery import STRING, bson_key
-from actors.baqend.contract import InitialResult, Matches, Scan, Write
+from actors.baqend.contract import Baseline, InitialResult, Known, Matches, Scan, Write, tag
+from actors.baqend.resync import resync
 from actors.baqend.rtquery import Event, RealtimeQuery
 
 Route = tuple[str, int]  # (gateway id, connection id)
 Stamp = tuple[str, int]  # (epoch, seq) of a document shard
-# Where, and the DELIVER_EVENT payload (an InitialResult or Matches).
+# Where, and the DELIVER_EVENT payload (an InitialResult, a Baseline or Matches).
 Output = tuple[Route, tuple]
 
 
@@ -54,7 +60,8 @@ class QuerySpec:
 
 class Coverage:
     """What a source's scan pages include: page ``i`` covers the ids up to ``uptos[i]`` (the
-    last page: all the rest) as of ``stamps[i]``. Pages come in id order, each read later."""
+    last page: all the rest) as of ``stamps[i]``. Pages are read in id order, each later; they
+    may be handed over in another order (a healing shard's retries), and are kept in id order."""
 
     __slots__ = ("uptos", "stamps", "top")
 
@@ -64,9 +71,12 @@ class Coverage:
         self.top: dict[str, int] = {}  # epoch -> the highest seq a page of it includes
 
     def add(self, upto: str | None, stamp: Stamp) -> None:
-        if upto is not None:
-            self.uptos.append(upto)
-        self.stamps.append(stamp)
+        if upto is None:  # the last page
+            self.stamps.append(stamp)
+        else:
+            index = bisect_left(self.uptos, upto)
+            self.uptos.insert(index, upto)
+            self.stamps.insert(index, stamp)
         epoch, seq = stamp
         self.top[epoch] = max(seq, self.top.get(epoch, seq))
 
@@ -96,6 +106,12 @@ class LiveQuery:
     pages: dict[int, Coverage] = field(default_factory=dict)  # source -> its pages, while loading
     buffer: list[tuple[int, str, Write]] = field(default_factory=list)
     skip: dict[int, Coverage] = field(default_factory=dict)  # source -> pages whose writes may still arrive
+    received: int = 0  # pages handed over
+    expected: int | None = None  # pages the gateway read, once it asked to load before all came
+    known: Known | None = None  # registered again: what the client holds, until loaded
+    # registered again: the pages' image of each document they have (held ones that no longer
+    # match included), then of each buffered write's; None: deleted
+    images: dict[str, Any] = field(default_factory=dict)
 
 
 def index_term(query: Any) -> tuple[str, Any] | None:
@@ -181,11 +197,14 @@ class QueryTable:
 
     # -- subscriptions ---------------------------------------------------------------------------
 
-    def add(self, key: str, route: Route, sub_id: str, spec: QuerySpec, visible: Callable | None = None) -> bool:
-        """Register a query; writes for it are buffered until :meth:`load`. False if the key is taken."""
+    def add(self, key: str, route: Route, sub_id: str, spec: QuerySpec, visible: Callable | None = None,
+            known: Known | None = None) -> bool:
+        """Register a query; writes for it are buffered until :meth:`load`. False if the key is taken.
+        With ``known`` (registered again after a restart), :meth:`load` sends the events from what
+        the client holds to the fresh result instead of a result."""
         if key in self.queries:
             return False
-        live = LiveQuery(key, route, sub_id, spec, visible)
+        live = LiveQuery(key, route, sub_id, spec, visible, known=known)
         self.queries[key] = live
         bucket = self.by_bucket.get(spec.bucket)
         if bucket is None:
@@ -194,45 +213,95 @@ class QueryTable:
         self.by_connection.setdefault(route, set()).add(key)
         return True
 
-    def page(self, key: str, scan: Scan) -> bool:
-        """Take one page of a source's scan (pages of a source come in id order). False if the
-        query is gone (unsubscribed meanwhile) or already loaded."""
+    def page(self, key: str, scan: Scan) -> list[Output] | None:
+        """Take one page of a source's scan. None if the query is gone (unsubscribed meanwhile) or
+        already loaded; else what loading it sends, if this was the last page :meth:`load` waited for."""
         live = self.queries.get(key)
         if live is None or live.query is not None:
-            return False
-        source, epoch, seq, documents, upto, _ = scan
+            return None
+        source, epoch, seq, documents, upto, _, others = scan
+        live.received += 1
         live.documents.extend(documents)
+        if live.known is not None:
+            images = live.images
+            for document in documents:
+                images[document["id"]] = document
+            for document in others:
+                images[document["id"]] = document
         coverage = live.pages.get(source)
         if coverage is None:
             coverage = live.pages[source] = Coverage()
         coverage.add(upto, (epoch, seq))
-        return True
+        if live.expected is not None and live.received >= live.expected:
+            return self._load(live)
+        return []
 
-    def load(self, key: str) -> list[Output] | None:
-        """Build the query from its pages (every document shard's, each to its end).
+    def load(self, key: str, pages: int | None = None) -> list[Output] | None:
+        """Build the query from its pages (every document shard's, each to its end): now, or once
+        ``pages`` of them have come if some have not yet (then it answers ``[]``).
 
-        Returns the outputs to deliver (the ``result`` when asked for), or None if the query is
-        gone (unsubscribed meanwhile) or already loaded.
+        Returns the outputs to deliver: the ``result`` when asked for, else the result's entries
+        for the gateway to track (:class:`Baseline`); for a query registered again, the events
+        from what its client holds instead. None if the query is gone (unsubscribed meanwhile)
+        or already loaded.
         """
         live = self.queries.get(key)
         if live is None or live.query is not None:
             return None
+        if pages is not None and live.received < pages:
+            live.expected = pages
+            return []
+        return self._load(live)
+
+    def _load(self, live: LiveQuery) -> list[Output]:
         query = live.spec.build(live.documents, live.visible)
         live.documents = []
         pages, live.pages = live.pages, {}
+        known, images = live.known, live.images
         for source, epoch, item in live.buffer:
+            oid = _object_id(item.before, item.after)
             coverage = pages.get(source)
-            if coverage is None or not coverage.covers(_object_id(item.before, item.after), epoch, item.seq):
+            if coverage is None or not coverage.covers(oid, epoch, item.seq):
                 query.changes(item.before, item.after, item.operation)  # folded into the result, not sent
+                if known is not None:
+                    images[oid] = item.after
         live.buffer = []
         for source, coverage in pages.items():
             seen = self.received.get(source)
             if seen is None or any(not _covered(seen, epoch, seq) for epoch, seq in coverage.top.items()):
                 live.skip[source] = coverage
         live.query = query
+        live.known, live.images = None, {}
+        if known is not None:
+            return self._resynced(live, known, images)
         if not live.spec.initial:
-            return []
+            return [(live.route, Baseline(live.key, [(d["id"], tag(d)) for d in query.result()]))]
         return [(live.route, InitialResult(live.key, query.result()))]
+
+    def _resynced(self, live: LiveQuery, known: Known, images: dict[str, Any]) -> list[Output]:
+        """The events that bring the client from what it holds to the loaded result."""
+        query, visible = live.query, live.visible
+
+        def lookup(oid: str) -> tuple[Any, bool]:
+            document = query.document(oid)
+            if document is not None:
+                return document, True
+            document = images.get(oid)
+            return document, document is not None and (visible is None or visible(document))
+
+        changes = resync(known.entries, known.since, query.result(), query.is_sorted, lookup)
+        return self._matches(live, changes, None)
+
+    def _matches(self, live: LiveQuery, changes: list[Event], meta: tuple | None) -> list[Output]:
+        """The ``Matches`` of ``changes``: the events the subscription asked for, and when it
+        filters them, every change for the gateway to track the result (nothing if none)."""
+        query = live.query
+        events = query.deliverable(changes) if query.filtered else changes
+        view = [_entry(event) for event in changes] if query.filtered else None
+        if not events and not view:
+            return []
+        self.events += len(events)
+        return [(live.route, Matches(live.key, [event.fields() for event in events], meta, view))]
 
     def remove(self, key: str) -> bool:
         live = self.queries.pop(key, None)
@@ -288,15 +357,18 @@ class QueryTable:
                             continue
                         if coverage.passed(epoch, seq):
                             del live.skip[source]
-                events = query.apply(before, after, operation)
-                if events:
-                    self.events += len(events)
-                    outputs.append((live.route, Matches(live.key, [event.fields() for event in events], meta)))
+                outputs += self._matches(live, query.changes(before, after, operation), meta)
         return outputs
 
     def stats(self) -> dict[str, Any]:
         return {"queries": len(self.queries), "loading": sum(1 for q in self.queries.values() if q.query is None),
                 "connections": len(self.by_connection), "writes": self.writes, "events": self.events}
+
+
+def _entry(event: Event) -> tuple:
+    """A change as the gateway tracks it: (matchType, id, tag or None for a remove, index)."""
+    data = event.data
+    return (event.match_type, data["id"], None if event.match_type == "remove" else tag(data), event.index)
 
 
 def _object_id(before: Any, after: Any) -> str:

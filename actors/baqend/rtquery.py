@@ -134,12 +134,25 @@ class RealtimeQuery:
         """Matching documents, including those outside the window."""
         return len(self._documents)
 
+    def document(self, object_id: Any) -> Document | None:
+        """The current image of a matching document (in the window or not), None if none matches."""
+        return self._documents.get(object_id)
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the subscription asked for only some match types or operations."""
+        return self.match_types is not None or self.operations is not None
+
     # -- writes ----------------------------------------------------------------------------
 
     def apply(self, before: Document | None, after: Document | None, operation: str) -> list[Event]:
         """The events one write causes, in sending order, filtered as the subscription asked."""
+        return self.deliverable(self.changes(before, after, operation))
+
+    def deliverable(self, events: Iterable[Event]) -> list[Event]:
+        """Of ``events`` (most specific types), those the subscription asked for, as it asked."""
         delivered = []
-        for event in self.changes(before, after, operation):
+        for event in events:
             event = self._filter(event)
             if event is not None:
                 delivered.append(event)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
@@ -13,11 +14,25 @@ from actors.baqend.documents import (NOT_FOUND, DocumentTable, SqliteDocumentSto
 from actors.baqend.livequeries import QueryTable
 from actors.baqend.mongoquery import QueryError, compile_query
 from actors.shard import Component, Handler
+from router import contract as core
 from router.contract import DELIVER_EVENT, Location
 from router.errors import CommandError
 from router.shardmap import shard_index, shard_name
 
 logger = logging.getLogger(__name__)
+
+_HEALING_RETRY_S = 0.01  # a healing query shard's refused writes go again after this
+
+
+def _healing(call: Any) -> bool:
+    """Whether a query shard refused a call's writes because it is healing (a failed call is done)."""
+    try:
+        results, _ = ray.get(call)
+    except Exception:
+        return False
+    error = results[0] if results else None
+    return isinstance(error, CommandError) and error.code == core.HEALING
+
 
 class BaqendDocuments(Component):
     """The documents whose id hashes to this shard.
@@ -84,35 +99,48 @@ class BaqendDocuments(Component):
             raise CommandError(NOT_FOUND, f"the object {oid} does not exist")
         return document
 
-    def scan(self, gateway_id: str, bucket: str, query: Any = None, after: str | None = None) -> Scan:
+    def scan(self, gateway_id: str, bucket: str, query: Any = None, after: str | None = None,
+             include: tuple = ()) -> Scan:
         """One page of the bucket's matching documents (ids above ``after``; bounded rows and
         bytes, so one call never holds the shard long nor fills a lane frame), and the stamp of
-        the last write they include."""
+        the last write they include; with the current images of the ids of ``include`` in its
+        range that do not match (what a client holds of a live query being rebuilt)."""
         try:
             keep = compile_query(query or {})
         except QueryError as error:
             raise CommandError("bad_request", str(error)) from None
-        documents, upto, nbytes = self.table.scan(bucket, keep, after, self._max_scan_documents,
-                                                  self._max_scan_bytes)
+        documents, upto, nbytes, others = self.table.scan(bucket, keep, after, self._max_scan_documents,
+                                                          self._max_scan_bytes, frozenset(include))
         self._scan_pages += 1
         self._page_max_documents = max(self._page_max_documents, len(documents))
         self._page_max_bytes = max(self._page_max_bytes, nbytes)
-        return Scan(self.shard.index, self.shard.epoch, self._seq, documents, upto, nbytes)
+        return Scan(self.shard.index, self.shard.epoch, self._seq, documents, upto, nbytes, others)
 
     def after_batch(self) -> None:
         if self.table.dirty:
             self.table.commit()  # before the answers leave and before any query hears of it
         if self._forward:
             items, self._forward = self._forward, []
-            command = writes(self.shard.index, self.shard.epoch, items)
-            calls = [shard.handle.remote(self.shard.name, [command]) for shard in self._queries()]
-            # Wait until every query shard has applied the batch before the writes are answered:
-            # a client that writes B after A's answer then gets A's events before B's, even when
-            # A and B are documents of different shards (whose calls Ray would not order).
-            ready, pending = ray.wait(calls, num_returns=len(calls), timeout=self._forward_timeout_s)
+            self._send(writes(self.shard.index, self.shard.epoch, items))
+
+    def _send(self, command: tuple) -> None:
+        """Hand a batch's writes to every query shard and wait until each has applied them: a
+        client that writes B after A's answer then gets A's events before B's, even when A and B
+        are documents of different shards (whose calls Ray would not order). A query shard that
+        is healing after a restart (its gateways are still registering the live queries again)
+        asks for them again: they must reach the queries registered meanwhile."""
+        deadline = time.monotonic() + self._forward_timeout_s
+        shards = self._queries()
+        while shards:
+            calls = [shard.handle.remote(self.shard.name, [command]) for shard in shards]
+            _, pending = ray.wait(calls, num_returns=len(calls), timeout=max(0.0, deadline - time.monotonic()))
             if pending:
                 logger.warning("%s: %d query shard(s) did not apply writes within %gs", self.shard.name,
                                len(pending), self._forward_timeout_s)
+                return
+            shards = [shard for shard, call in zip(shards, calls) if _healing(call)]
+            if shards:
+                time.sleep(_HEALING_RETRY_S)
 
     def abort_batch(self) -> None:
         self.table.rollback()
@@ -143,14 +171,18 @@ class BaqendQueries(Component):
         return {Op.SUBSCRIBE: self.subscribe, Op.PAGE: self.page, Op.LOAD: self.load,
                 Op.UNSUBSCRIBE: self.unsubscribe, Op.WRITES: self.writes}
 
-    def subscribe(self, gateway_id, key, connection_id, sub_id, spec, principals=frozenset()) -> bool:
-        return self.table.add(key, (gateway_id, connection_id), sub_id, spec, reader(frozenset(principals)))
+    def subscribe(self, gateway_id, key, connection_id, sub_id, spec, principals=frozenset(), known=None) -> bool:
+        return self.table.add(key, (gateway_id, connection_id), sub_id, spec, reader(frozenset(principals)), known)
 
     def page(self, gateway_id: str, key: str, scan: Scan) -> bool:
-        return self.table.page(key, scan)
+        outputs = self.table.page(key, scan)
+        if outputs is None:
+            return False
+        self._deliver(outputs)
+        return True
 
-    def load(self, gateway_id: str, key: str) -> bool:
-        outputs = self.table.load(key)
+    def load(self, gateway_id: str, key: str, pages: int) -> bool:
+        outputs = self.table.load(key, pages)
         if outputs is None:
             return False
         self._deliver(outputs)

@@ -11,10 +11,15 @@ shard, then the query shard builds the query from the pages and sends the ``resu
 What one client may ask is bounded here (:mod:`gateways.baqend.limits`): REST requests and
 subscribes per minute, live subscriptions, the documents a query may load; a subscription ends
 when its token expires, and a quiet connection is pinged and closed when it stops answering.
+
+Each subscription tracks what its client holds (:mod:`gateways.baqend.view`): when a shard
+restarts, its live queries are registered again with it and the client gets only what changed
+(docs/baqend.md, "Restarts and failures").
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import time
@@ -23,16 +28,18 @@ from typing import Any, NamedTuple
 import jwt
 import orjson
 
-from actors.baqend.documents import BAD_REQUEST, EXISTS, FORBIDDEN, NOT_FOUND, PRECONDITION_FAILED, new_key, principals_of
+from actors.baqend.documents import (BAD_REQUEST, EXISTS, FORBIDDEN, NOT_FOUND, PRECONDITION_FAILED, iso_now, new_key,
+                                     principals_of)
 from gateways.baqend import codec
 from gateways.baqend.codec import UNAUTHORIZED, ProtocolError, RestError, Subscribe
 from gateways.baqend.limits import ClientCounts, ClientRates, address_client, subject_client
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, HttpRoute, Wire
 from gateways.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
 from gateways.baqend.config import BaqendConfig
+from gateways.baqend.view import ResultView
 from router.errors import CommandError, ShardUnavailable
 from actors.baqend import contract as baqend
-from actors.baqend.contract import DOCUMENT, QUERY, InitialResult, object_key
+from actors.baqend.contract import DOCUMENT, QUERY, Baseline, InitialResult, Known, object_key
 from router import contract
 
 logger = logging.getLogger(__name__)
@@ -102,6 +109,7 @@ class BaqendDialect(Dialect):
         self.results = 0
         self.matches = 0
         self.writes = 0
+        self.resynced = 0  # live queries registered again after a shard restarted
         # refusals and closes of the limits, by what was refused
         self.limited = {"rest_rate": 0, "subscribe_rate": 0, "client_subscriptions": 0, "query_too_large": 0,
                         "token_expired": 0, "idle": 0}
@@ -115,7 +123,8 @@ class BaqendDialect(Dialect):
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "subscriptions": sum(len(s.subs) for s in self.sessions),
-                "results": self.results, "matches": self.matches, "writes": self.writes, "limited": self.limited}
+                "results": self.results, "matches": self.matches, "writes": self.writes, "resynced": self.resynced,
+                "limited": self.limited}
 
     def identity(self, token: str | None) -> Identity:
         """Anonymous (public documents only) without a token or without a configured validator."""
@@ -224,11 +233,11 @@ class BaqendDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("sub_id", "key", "spec", "link", "meta", "client", "expires", "loading", "documents", "nbytes",
-                 "loaded")
+    __slots__ = ("sub_id", "key", "spec", "link", "meta", "client", "expires", "principals", "loading", "pages",
+                 "documents", "nbytes", "retried", "restarting", "view", "heard", "include")
 
     def __init__(self, sub_id: str, key: str, spec: Any, link: Any, meta: tuple, client: str,
-                 expires: float | None) -> None:
+                 expires: float | None, principals: frozenset[str]) -> None:
         self.sub_id = sub_id
         self.key = key
         self.spec = spec
@@ -236,10 +245,18 @@ class _Subscription:
         self.meta = meta
         self.client = client  # what it counts against (ClientCounts)
         self.expires = expires  # its token's end (epoch seconds), None when anonymous
+        self.principals = principals
         self.loading = 0  # document shards whose pages are still being read
+        self.pages = 0  # pages handed to the query shard
         self.documents = 0  # matching documents read so far, and their bytes
         self.nbytes = 0
-        self.loaded = False
+        self.retried = False  # a start over: a shard died while it was first being registered
+        self.restarting = False  # a start over is on its way
+        # What the client holds (None until the query loaded), and when it last heard of it
+        # (epoch ms): a query registered again after a restart sends only what changed since.
+        self.view: ResultView | None = None
+        self.heard = 0
+        self.include: dict[Any, tuple[str, ...]] = {}  # document link -> the held ids it owns, sorted
 
 
 class BaqendSession(DialectSession):
@@ -283,6 +300,10 @@ class BaqendSession(DialectSession):
         if sub.expires is not None and time.time() > sub.expires:
             self._expire(sub)  # nothing more for a token that no longer holds, not even before the sweep
             return
+        sub.heard = contract.now_ms()
+        if isinstance(payload, Baseline):
+            sub.view = ResultView(payload.entries, _ordered(sub.spec))
+            return
         date = codec.date_now()
         if isinstance(payload, InitialResult):
             frame = codec.encode_result(sub.sub_id, payload.documents, date)
@@ -293,14 +314,22 @@ class BaqendSession(DialectSession):
                 return
             self.dialect.results += 1
             self.gateway.account_delivery(sub.meta, len(frame), self.wire.id, self.wire.send_text(frame))
+            sub.view = ResultView.of(payload.documents, _ordered(sub.spec))
             return
-        _, events, meta = payload  # Matches
+        _, events, meta, changes = payload  # Matches
         for fields in events:
             frame = codec.encode_match(sub.sub_id, fields, date)
             sent = self.wire.send_text(frame)
             self.dialect.matches += 1
             if meta is not None:
                 self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
+        view = sub.view
+        if view is not None:
+            if changes is None:
+                view.apply_events(events)
+            else:
+                for change in changes:
+                    view.apply(*change)
 
     def on_tick(self, now: float) -> None:
         """Expired tokens end their subscriptions; a quiet connection is pinged, and closed when
@@ -330,6 +359,25 @@ class BaqendSession(DialectSession):
         for sub in list(self.subs.values()):
             self._remove(sub)
 
+    def reannounce(self, link: Any) -> None:
+        """A shard restarted. A query shard lost its live queries: register again each one this
+        connection had there. A document shard holds none, but writes it stored in the instant
+        before it died may not have reached the queries: register every live query again. Either
+        way a query the client already got a result for is registered with what the client holds,
+        and its load sends only the events from that to the fresh result (never a second result);
+        one still loading starts over. Nothing is asked of the client."""
+        if self.closed:
+            return
+        shards = self.shards
+        if link in shards.all(QUERY):
+            renewed = [sub for sub in self.subs.values() if sub.link is link]
+        elif link in shards.all(DOCUMENT):
+            renewed = list(self.subs.values())
+        else:
+            return
+        for sub in renewed:
+            self._renew(sub, link)
+
     # -- requests -----------------------------------------------------------------------------------
 
     def _subscribe(self, request: Subscribe, meta: tuple) -> None:
@@ -354,20 +402,54 @@ class BaqendSession(DialectSession):
         if not dialect.client_subscriptions.acquire(client):
             dialect.limited["client_subscriptions"] += 1
             raise codec.too_many_for_client(config.max_client_subscriptions, sub_id)
-        gateway, shards = self.gateway, self.shards
-        key = f"{gateway.id}/{self.wire.id}/{next(_keys)}"
-        link = shards.link(QUERY, key)
-        sub = _Subscription(sub_id, key, request.spec, link, meta, client, identity.expires)
+        key = self._key()
+        sub = _Subscription(sub_id, key, request.spec, self.shards.link(QUERY, key), meta, client, identity.expires,
+                            identity.principals)
         self.subs[sub_id] = sub
         self.by_key[key] = sub
-        shards.send(link, baqend.subscribe(key, self.wire.id, sub_id, request.spec, identity.principals),
-                    lambda result: self._registered(sub, result))
+        self._register(sub, None)
+
+    def _key(self) -> str:
+        """A key unique to one registration of a query (a client may reuse its subscription ids)."""
+        return f"{self.gateway.id}/{self.wire.id}/{next(_keys)}"
+
+    def _register(self, sub: _Subscription, known: Known | None) -> None:
+        self.shards.send(sub.link, baqend.subscribe(sub.key, self.wire.id, sub.sub_id, sub.spec, sub.principals,
+                                                    known),
+                         lambda result: self._registered(sub, result))
+
+    def _renew(self, old: _Subscription, restarted: Any) -> _Subscription:
+        """Register ``old`` again under a new key (so nothing still on its way for the old one can
+        mix in), with what the client holds if it got its result."""
+        shards = self.shards
+        key = self._key()
+        sub = _Subscription(old.sub_id, key, old.spec, shards.link(QUERY, key), old.meta, old.client, old.expires,
+                            old.principals)
+        sub.view, sub.heard = old.view, old.heard
+        self.subs[sub.sub_id] = sub
+        del self.by_key[old.key]
+        self.by_key[key] = sub
+        if old.link is not restarted:  # a restarted query shard no longer has it
+            shards.send(old.link, baqend.unsubscribe(old.key))
+        known = None
+        if sub.view is not None:
+            entries = sub.view.entries()
+            known = Known(entries, iso_now(sub.heard))
+            held: dict[Any, list[str]] = {}
+            for oid, _ in entries:
+                held.setdefault(shards.link(DOCUMENT, oid), []).append(oid)
+            sub.include = {link: tuple(sorted(ids)) for link, ids in held.items()}
+        self.dialect.resynced += 1
+        self._register(sub, known)
+        return sub
 
     def _registered(self, sub: _Subscription, result: Any) -> None:
         if self.by_key.get(sub.key) is not sub:
+            if result is True:  # registered again meanwhile (a shard restarted): this one is left over
+                self.shards.send(sub.link, baqend.unsubscribe(sub.key))
             return
         if result is not True:
-            self._fail(sub, _unavailable(result))
+            self._lost(sub, result)
             return
         links = self.shards.all(DOCUMENT)
         sub.loading = len(links)
@@ -375,7 +457,10 @@ class BaqendSession(DialectSession):
             self._scan(sub, link, None)
 
     def _scan(self, sub: _Subscription, link: Any, after: str | None) -> None:
-        self.shards.send(link, baqend.scan(sub.spec.bucket, sub.spec.query, after),
+        include = sub.include.get(link, ())
+        if include and after is not None:
+            include = include[bisect.bisect_right(include, after):]
+        self.shards.send(link, baqend.scan(sub.spec.bucket, sub.spec.query, after, include),
                          lambda page: self._scanned(sub, link, page))
 
     def _scanned(self, sub: _Subscription, link: Any, page: Any) -> None:
@@ -384,7 +469,7 @@ class BaqendSession(DialectSession):
         if self.by_key.get(sub.key) is not sub:
             return
         if isinstance(page, (ShardUnavailable, CommandError)):
-            self._fail(sub, _unavailable(page))
+            self._lost(sub, page)
             return
         config = self.config
         sub.documents += len(page.documents)
@@ -398,24 +483,38 @@ class BaqendSession(DialectSession):
             return
         shards = self.shards
         shards.send(sub.link, baqend.page(sub.key, page), lambda result: self._paged(sub, result))
+        sub.pages += 1
         if page.upto is not None:
             self._scan(sub, link, page.upto)
             return
         sub.loading -= 1
         if not sub.loading:
-            shards.send(sub.link, baqend.load(sub.key), lambda result: self._loaded(sub, result))
+            shards.send(sub.link, baqend.load(sub.key, sub.pages), lambda result: self._loaded(sub, result))
 
     def _paged(self, sub: _Subscription, result: Any) -> None:
         if self.by_key.get(sub.key) is sub and result is not True:
-            self._fail(sub, _unavailable(result))
+            self._lost(sub, result)
 
     def _loaded(self, sub: _Subscription, result: Any) -> None:
-        if self.by_key.get(sub.key) is not sub:
-            return
-        if result is not True:
+        if self.by_key.get(sub.key) is sub and result is not True:
+            self._lost(sub, result)
+
+    def _lost(self, sub: _Subscription, result: Any) -> None:
+        """A command of a query being registered failed. If a shard died under it (not a timeout,
+        not a refusal), the shard is restarting: start over, once, on the next turn of the loop
+        (the shard client then holds the link's commands until it knows the shard's new epoch);
+        otherwise the subscription ends with an error."""
+        if sub.restarting:
+            return  # its other commands met the same death
+        if isinstance(result, ShardUnavailable) and not result.timed_out and not sub.retried:
+            sub.restarting = True
+            self.gateway.loop.call_soon(self._start_over, sub)
+        else:
             self._fail(sub, _unavailable(result))
-            return
-        sub.loaded = True
+
+    def _start_over(self, sub: _Subscription) -> None:
+        if not self.closed and self.by_key.get(sub.key) is sub:
+            self._renew(sub, None).retried = True
 
     def _unsubscribe(self, sub_id: str) -> None:
         sub = self.subs.get(sub_id)
@@ -440,6 +539,11 @@ class BaqendSession(DialectSession):
 
     def _send_error(self, sub_id: str | None, error: ProtocolError) -> None:
         self.wire.send_text(codec.encode_error(sub_id, error, codec.date_now()))
+
+
+def _ordered(spec: Any) -> bool:
+    """Whether a (normalised) query is sorted: only a sorted query has a limit."""
+    return spec.limit is not None
 
 
 def _unavailable(result: Any) -> ProtocolError:

@@ -163,3 +163,30 @@ def test_a_page_sees_writes_not_yet_committed_within_its_range():
 
 def test_iso_timestamps_have_milliseconds():
     assert iso_now(1_502_946_165_540) == "2017-08-17T05:02:45.540Z"
+
+
+def test_a_scan_answers_the_included_ids_that_do_not_match_in_its_range():
+    """A live query registered again needs the current image of what its client holds, matching or not."""
+    table = DocumentTable(MemoryDocumentStore())
+    for index in range(6):
+        table.insert("T", f"k{index}", {"n": index}, NOW)
+    table.commit()
+    include = frozenset({"/db/T/k1", "/db/T/k2", "/db/T/k4", "/db/T/gone"})
+    first = table.scan("T", lambda d: d["n"] >= 2, None, max_rows=3, include=include)
+    assert ([d["n"] for d in first.documents], [d["n"] for d in first.others]) == ([2], [1])  # k2 matches
+    second = table.scan("T", lambda d: d["n"] >= 5, first.upto, max_rows=3, include=include)
+    assert ([d["n"] for d in second.documents], [d["n"] for d in second.others]) == ([5], [4])
+    assert table.scan("T", lambda d: True, None).others == ()  # nothing asked for
+
+
+def test_the_included_documents_count_against_a_pages_byte_bound():
+    table = DocumentTable(MemoryDocumentStore())
+    for index in range(4):
+        table.insert("T", f"k{index}", {"n": index}, NOW)
+    table.commit()
+    size = len(orjson.dumps(table.get("/db/T/k0")))
+    include = frozenset({"/db/T/k0", "/db/T/k1"})
+    first = table.scan("T", lambda d: d["n"] >= 2, None, max_bytes=2 * size, include=include)
+    assert ([d["n"] for d in first.others], first.documents, first.nbytes, first.upto) == ([0, 1], [], 0, "/db/T/k1")
+    second = table.scan("T", lambda d: d["n"] >= 2, first.upto, max_bytes=2 * size, include=include)
+    assert ([d["n"] for d in second.documents], second.others, second.upto) == ([2, 3], (), None)

@@ -11,16 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.baqend.documents import DocumentTable, MemoryDocumentStore, reader
-from actors.baqend.contract import InitialResult, Scan, Write
+from actors.baqend.contract import Baseline, InitialResult, Known, Scan, Write, tag
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.livequeries import QueryTable as _QueryTable
 
 
+_KINDS = {InitialResult: "result", Baseline: "baseline"}
+
+
 def _tagged(outputs):
-    """Outputs as (route, ("result", key, documents) | ("match", key, events, meta))."""
-    return None if outputs is None else [
-        (route, ("result", *payload) if isinstance(payload, InitialResult) else ("match", *payload))
-        for route, payload in outputs]
+    """Outputs as (route, ("result", key, documents) | ("baseline", key, entries) |
+    ("match", key, events, meta, view))."""
+    return None if outputs is None else [(route, (_KINDS.get(type(payload), "match"), *payload))
+                                         for route, payload in outputs]
 
 
 class QueryTable(_QueryTable):
@@ -117,12 +120,14 @@ def test_a_restarted_document_shard_new_epoch_is_not_skipped():
 def test_initial_false_sends_no_result_and_unsubscribe_while_loading_drops_the_load():
     table = QueryTable()
     table.add("k", ROUTE, "s1", QuerySpec("Todo"))
-    assert table.load("k", [scan(0, "e", 0, [])]) == []
+    document = {"id": "/db/Todo/a", "version": 3, "updatedAt": NOW}
+    # no result for the client: the gateway is told the result's entries, to track what it holds
+    assert table.load("k", [scan(0, "e", 0, [document])]) == [(ROUTE, ("baseline", "k", [("/db/Todo/a", (3, NOW))]))]
     assert table.load("k") is None  # loaded once
-    assert not table.page("k", scan(0, "e", 0, []))
+    assert table.page("k", scan(0, "e", 0, [])) is None
     table.add("k2", ROUTE, "s2", QuerySpec("Todo", initial=True))
     assert table.remove("k2")
-    assert not table.page("k2", scan(0, "e", 0, []))
+    assert table.page("k2", scan(0, "e", 0, [])) is None
     assert table.load("k2") is None
     assert not table.add("k", ROUTE, "s1", QuerySpec("Todo"))  # key taken
 
@@ -155,6 +160,104 @@ def test_acl_visibility_anonymous_sees_public_documents_only():
     outputs = table.apply(0, "e", [("Todo", private, opened, "update", 1, None)])
     assert brief(outputs) == [("match", "anon", [("add", "update", "p", None)]),
                               ("match", "u1", [("change", "update", "p", None)])]
+
+
+def test_pages_and_the_load_may_come_in_any_order():
+    """A healing query shard asks for commands again and they may come back in another order:
+    the load waits for every page the gateway read, and a source's pages are kept in id order."""
+    def run(order):
+        source = Source()
+        for key, n in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+            source.write("insert", key, n=n)
+        first = source.page(None, 2)
+        change = source.write("update", "b", n=9)  # after page 1 was read: it counts
+        second = source.page(first.upto, 2)
+        third = source.page(second.upto, 2)
+        table = _QueryTable()
+        table.add("k", ROUTE, "s1", QuerySpec("Todo", sort={"n": 1}, initial=True))
+        table.apply(0, "e0", [change])
+        outputs = []
+        for step in order:
+            if step == "load":
+                outputs.append(table.load("k", 3))
+            else:
+                outputs.append(table.page("k", [first, second, third][step]))
+        return outputs
+
+    in_order = run([0, 1, 2, "load"])
+    [(_, result)] = in_order[-1]
+    assert [(d["id"][-1], d["n"]) for d in result.documents] == [("a", 1), ("c", 3), ("d", 4), ("b", 9)]
+    assert run(["load", 2, 0, 1]) == [[], [], [], in_order[-1]]
+
+
+# -- registered again after a restart: the events from what the client holds ----------------------
+
+HEARD = "2025-12-31T00:00:00.000Z"  # the client's last message: every write of these tests is after it
+
+
+def test_a_query_registered_again_sends_what_changed_not_a_result():
+    """The client holds [a b c] of {on: true}; meanwhile b no longer matches and c was deleted
+    (before the scan), d was inserted (after the scan, still buffered while loading)."""
+    source = Source()
+    for key, n in (("a", 1), ("b", 2), ("c", 3)):
+        source.write("insert", key, n=n, on=True)
+    held = [(d["id"], tag(d)) for d in source.documents()]
+    source.write("update", "b", on=False)
+    source.write("delete", "c")
+    table = QueryTable()
+    assert table.add("k", ROUTE, "s1", QuerySpec("Todo", {"on": True}, initial=True), None, Known(held, HEARD))
+    include = frozenset(oid for oid, _ in held)
+    pages = [Scan(0, "e0", source.seq, *source.table.scan("Todo", lambda d: d.get("on") is True, include=include))]
+    buffered = source.write("insert", "d", n=4, on=True)
+    assert table.apply(0, "e0", [buffered]) == []
+    outputs = table.load("k", pages)
+    assert brief(outputs) == [("match", "k", [("remove", "update", "b", None), ("remove", "delete", "c", None),
+                                              ("add", "insert", "d", None)])]
+    assert outputs[0][1][4] is None  # unfiltered: the gateway tracks the result from the events
+    assert table.queries["k"].known is None and table.queries["k"].images == {}
+    # live from then on
+    assert brief(table.apply(0, "e0", [source.write("update", "a", n=9)])) == [
+        ("match", "k", [("change", "update", "a", None)])]
+
+
+def test_a_buffered_write_to_a_held_document_counts_as_its_current_image():
+    source = Source()
+    source.write("insert", "a", n=1, on=True)
+    held = [(d["id"], tag(d)) for d in source.documents()]
+    table = QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo", {"on": True}, {"n": 1}, 0, 2), None, Known(held, HEARD))
+    pages = [Scan(0, "e0", source.seq, *source.table.scan("Todo", include=frozenset(oid for oid, _ in held)))]
+    table.apply(0, "e0", [source.write("update", "a", on=False)])  # after the scan: no longer matches
+    outputs = table.load("k", pages)
+    assert brief(outputs) == [("match", "k", [("remove", "update", "a", None)])]
+    assert outputs[0][1][2][0]["data"]["on"] is False
+
+
+def test_a_filtered_query_tells_the_gateway_every_change_and_the_client_only_what_it_asked_for():
+    source = Source()
+    for key, n in (("a", 1), ("b", 2)):
+        source.write("insert", key, n=n, on=True)
+    held = [(d["id"], tag(d)) for d in source.documents()]
+    source.write("delete", "a")
+    source.write("insert", "c", n=3, on=True)
+    table = QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo", sort={"n": 1}, limit=5, match_types=["add"]), None,
+              Known(held, HEARD))
+    [(_, (kind, key, events, meta, view))] = table.load("k", [source.scan()])
+    assert [(e["matchType"], e["operation"], e["data"]["id"], e["index"]) for e in events] == [
+        ("add", "insert", "/db/Todo/c", 1)]
+    assert view == [("remove", "/db/Todo/a", None, None), ("add", "/db/Todo/c", (1, NOW), 1)]
+    # a write whose events are all filtered out still tells the gateway
+    [(_, (_, _, events, _, view))] = table.apply(0, "e0", [source.write("delete", "b")])
+    assert events == [] and view == [("remove", "/db/Todo/b", None, None)]
+
+
+def test_a_query_loaded_without_initial_gives_the_gateway_its_entries():
+    source = Source()
+    source.write("insert", "a", n=1)
+    table = QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo"))
+    assert table.load("k", [source.scan()]) == [(ROUTE, ("baseline", "k", [("/db/Todo/a", (1, NOW))]))]
 
 
 # -- the property: a live window always equals the query re-run from scratch ----------------------
@@ -199,7 +302,7 @@ def test_live_window_after_random_writes_equals_rerunning_the_query(writes, subs
         pages = [sources[index].page(after, page_rows) for index, after in reading.items()]
         deliver(delivered_at % 3)
         for page in pages:
-            assert table.page("q", page)
+            assert table.page("q", page) == []
             reading[page.source] = page.upto
             if page.upto is None:
                 del reading[page.source]
@@ -311,7 +414,7 @@ def test_equality_index_finds_array_elements_and_skips_unrelated_writes():
     table.load("n", [])
     doc = {"id": "/db/Todo/d", "version": 1, "tags": ["b", "a"], "n": 1.0, "x": 1}
     outputs = table.apply(0, "e", [("Todo", None, doc, "insert", 1, None)])
-    assert sorted(key for _, (_, key, _, _) in outputs) == ["n", "tags"]
+    assert sorted(key for _, (_, key, *_) in outputs) == ["n", "tags"]
     moved = {**doc, "version": 2, "tags": ["b"], "n": 2}
     outputs = table.apply(0, "e", [("Todo", doc, moved, "update", 2, None)])
     assert brief(outputs) == [("match", "tags", [("remove", "update", "d", None)]),
@@ -321,3 +424,15 @@ def test_equality_index_finds_array_elements_and_skips_unrelated_writes():
     table.remove("tags")
     table.remove("n")
     assert "Todo" not in table.by_bucket
+
+
+def test_a_held_document_the_subscriber_may_no_longer_read_leaves_as_updated_not_deleted():
+    source = Source()
+    source.write("insert", "a", n=1, on=True)
+    held = [(d["id"], tag(d)) for d in source.documents()]
+    source.write("update", "a", acl={"read": {"/db/User/u1": "allow"}, "write": {}})
+    table = QueryTable()
+    table.add("k", ROUTE, "s1", QuerySpec("Todo", {"on": True}), reader(frozenset()), Known(held, HEARD))
+    outputs = table.load("k", [source.scan()])  # the page has it (it matches), the subscriber may not read it
+    assert brief(outputs) == [("match", "k", [("remove", "update", "a", None)])]
+    assert outputs[0][1][2][0]["data"] == {"id": "/db/Todo/a"}
