@@ -10,7 +10,8 @@ message reaches every old subscriber with no client action; must be < 5 s) and c
 - Signal Hub: ``hub:send`` to an actor registered before the kill arrives, ``discover`` finds it,
   a publish reaches every subscriber;
 - Cashu: every state pushed (200 OK) reaches the subscriber, the last one last;
-- mx: every block the node got an ACK for reaches every consumer (events in order, at least once).
+- mx: every block the node got an ACK for reaches every consumer (events in order, at least once);
+- Baqend: every write (201) shows in the live query's result, as one ``add``, never a second result.
 
 The figures are printed at the end (``pytest -s``) and reported in the README.
 """
@@ -31,6 +32,7 @@ from gateways.cashu.feed import FeedError
 from gateways.mx import codec as mx_codec
 from gateways.mx import generator, node
 from router.shardmap import GATEWAY_PREFIX
+from tests.e2e.baqend_client import Events, Rest, brief, key_of
 from tests.e2e.cashu_client import API_KEY, Wallet, push
 from tests.e2e.client import HubClient
 from tests.e2e.conftest import RunningRouter, start_router
@@ -87,6 +89,8 @@ class Traffic:
         self.cashu_url = base + "/v1/ws"
         self.hub_url = base + "/hub/ws"
         self.save_url = base + "/save"
+        self.events_url = base + "/v1/events"
+        self.written: list[str] = []
         self.y = "03" + os.urandom(32).hex()
         self.pushed = 0
         self.last_state: dict | None = None
@@ -116,11 +120,17 @@ class Traffic:
             await consumer.subscribe("All")
             self.consumers.append(consumer)
         self.node = await Node.open(self.save_url)
+        self.rest = Rest(self.http_url + "/v1")
+        await self.rest.__aenter__()
+        self.live = await Events.open(self.events_url)
+        await self.live.subscribe("chaos", "Chaos", query={"n": {"$gte": 0}}, initial=True)
+        assert await self.live.result("chaos") == []
 
     # -- one round of every dialect after a kill --------------------------------------------------
 
     async def round(self, name: str, killed_at: float) -> None:
-        await asyncio.gather(self._signal(name, killed_at), self._cashu(name, killed_at), self._mx(name, killed_at))
+        await asyncio.gather(self._signal(name, killed_at), self._cashu(name, killed_at), self._mx(name, killed_at),
+                             self._baqend(name, killed_at))
 
     def _healed(self, dialect: str, killed_at: float) -> None:
         took = time.monotonic() - killed_at
@@ -187,6 +197,30 @@ class Traffic:
         self._healed("mx", killed_at)
 
 
+    async def _baqend(self, name: str, killed_at: float) -> None:
+        key = f"d{len(self.written)}"
+        body = {"id": f"/db/Chaos/{key}", "n": len(self.written), "round": name}
+        failed = False
+        while True:
+            status, reply = await self.rest.call("POST", "/db/Chaos", body)
+            if status == 201 or (status == 409 and failed):  # 409: a try that failed had stored it
+                break
+            assert status in (500, 503, 504), (status, reply)  # it met the dying process: write it again
+            failed = True
+        self.written.append(key)
+        while True:
+            frame = await self.live.recv()
+            assert frame["type"] == "match", frame  # never a second result
+            if key_of(frame["data"]) == key:
+                assert brief(frame) == ("add", "insert", key, None), frame
+                break
+            assert key_of(frame["data"]) in self.written, frame  # an earlier write, seen again
+        self._healed("baqend", killed_at)
+
+    async def close(self) -> None:
+        await self.rest.__aexit__(None, None, None)
+
+
 def _kill_shard(kind: str, index: int) -> float:
     shard = ray.get_actor(f"{kind}-shard-{index}", namespace=NAMESPACE)
     pid = ray.get(shard.info.remote(), timeout=30)["pid"]
@@ -227,6 +261,7 @@ def test_every_kill_heals_in_under_5s_and_nothing_acknowledged_is_lost(routers):
         stranded = await _register(traffic.signal_url, "chaos/stranded")
         for client in (roamer, stranded):
             await client.close()
+        await traffic.close()
         assert [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
                 if entry.get("namespace") == NAMESPACE and entry["name"].startswith(GATEWAY_PREFIX)
                 and entry["name"] not in {f"{GATEWAY_PREFIX}{g.gateway_id}" for g in joiner.router.gateways}] == []
