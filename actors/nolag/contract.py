@@ -18,6 +18,7 @@ class Op:
     LOG = "nolag.log"
     ROOM = "nolag.room"
     PRESENCE = "nolag.presence"
+    PRESENCE_RESTORE = "nolag.presence_restore"
     PRESENCE_LIST = "nolag.presence_list"
     LOBBY_SUBSCRIBE = "nolag.lobby_subscribe"
     LOBBY_UNSUBSCRIBE = "nolag.lobby_unsubscribe"
@@ -26,7 +27,8 @@ class Op:
     ACTOR_GET = "nolag.actor_get"
     ACTOR_SAVE = "nolag.actor_save"
     ACTOR_CHECKPOINT = "nolag.actor_checkpoint"
-    ACTOR_LEAVE = "nolag.actor_leave"
+    ACTOR_SEEN = "nolag.actor_seen"
+    ACTOR_UNSEEN = "nolag.actor_unseen"
 
 
 def topic_key(project: str, topic: str) -> str:
@@ -49,10 +51,11 @@ def topic_of(key: str) -> str:
 # -- topic shards ---------------------------------------------------------------------------------
 
 def subscribe(key: str, connection_id: int, actor: str, filters: tuple[str, ...], qos: int,
-              group: str | None) -> tuple:
+              group: str | None, after_ms: int | None = None) -> tuple:
     """Add or replace the connection's subscription; answers the topic's position (the shard
-    timestamp of its last message, or now)."""
-    return (Op.SUBSCRIBE, key, connection_id, actor, filters, qos, group)
+    timestamp of its last message, or now). With ``after_ms`` (a re-announce to a restarted shard:
+    the last message the connection got) the shard also delivers what its log holds after it."""
+    return (Op.SUBSCRIBE, key, connection_id, actor, filters, qos, group, after_ms)
 
 
 def unsubscribe(key: str, connection_id: int) -> tuple:
@@ -109,8 +112,14 @@ def room(room_key_: str, connection_id: int, join: bool) -> tuple:
 
 
 def presence(room_key_: str, connection_id: int, actor: str, data: Any, now_ms: int) -> tuple:
-    """Set (or with ``data`` None clear) the actor's presence in the room; answers how many events."""
+    """Set (or with ``data`` None clear) the actor's presence in the room; answers its ``joinedAt``
+    (None: it is not present)."""
     return (Op.PRESENCE, room_key_, connection_id, actor, data, now_ms)
+
+
+def presence_restore(room_key_: str, connection_id: int, actor: str, data: Any, joined_at: int) -> tuple:
+    """Re-announce to a restarted shard: the actor is present as it was, and nobody hears of it."""
+    return (Op.PRESENCE_RESTORE, room_key_, connection_id, actor, data, joined_at)
 
 
 def presence_list(room_key_: str) -> tuple:
@@ -165,8 +174,10 @@ class SubscriptionRecord(NamedTuple):
 
 class ActorState(NamedTuple):
     subscriptions: dict[str, SubscriptionRecord]  # topic -> record
-    resume: dict[str, int]  # topic -> position to replay after
+    resume: dict[str, int]  # topic -> the last message written to the actor
+    floors: dict[str, int]  # topic -> just before the oldest message it had not acked
     seen: list[str]  # QoS 2 message ids delivered (oldest first)
+    acks: bool  # it has acked: replayed after its floors, else after its positions
 
 
 def actor_reset(actor: str) -> tuple:
@@ -184,11 +195,19 @@ def actor_save(actor: str, topic: str, record: SubscriptionRecord | None, positi
     return (Op.ACTOR_SAVE, actor, topic, record, position)
 
 
-def actor_checkpoint(actor: str, resume: dict[str, int]) -> tuple:
-    """Where to replay from per topic, while connected."""
-    return (Op.ACTOR_CHECKPOINT, actor, resume)
+def actor_checkpoint(actor: str, resume: dict[str, int], floors: dict[str, int], acks: bool) -> tuple:
+    """Per topic, the last message written and the floor below the oldest unacked one; whether the
+    actor acks (once true, it stays so until a reset)."""
+    return (Op.ACTOR_CHECKPOINT, actor, resume, floors, acks)
 
 
-def actor_leave(actor: str, resume: dict[str, int], seen: list[str]) -> tuple:
-    """The connection ended: final positions, and the QoS 2 ids it was given."""
-    return (Op.ACTOR_LEAVE, actor, resume, seen)
+def actor_seen(actor: str, records: tuple[tuple[str, str, int], ...]) -> tuple:
+    """QoS 2 messages ``(msg_id, topic, ts_ms)`` about to be written to the actor: stored (committed)
+    before the answer, so no replay ever writes them again."""
+    return (Op.ACTOR_SEEN, actor, records)
+
+
+def actor_unseen(actor: str, msg_ids: tuple[str, ...]) -> tuple:
+    """QoS 2 ids recorded (or being recorded) but never written: the connection ended first, so a
+    replay may write them after all."""
+    return (Op.ACTOR_UNSEEN, actor, msg_ids)

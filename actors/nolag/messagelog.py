@@ -53,6 +53,11 @@ class MessageLog(ABC):
     def prune(self, now_ms: int, retention_ms_by_topic: Retention | None = None) -> int:
         """Delete what retention no longer keeps; returns how many records went."""
 
+    def last_stamps(self, since_ts_ms: int) -> dict[str, int]:
+        """Per topic, its newest record's ``ts_ms`` when that is at or after ``since_ts_ms`` (a
+        restarted shard stamps on from there)."""
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -111,6 +116,11 @@ class SqliteMessageLog(MessageLog):
             db.executemany("DELETE FROM messages WHERE topic = ? AND ts_ms < ?", cuts)
             removed = db.total_changes - before
         return removed
+
+    def last_stamps(self, since_ts_ms: int) -> dict[str, int]:
+        rows = self._db.execute("SELECT topic, MAX(ts_ms) FROM messages GROUP BY topic HAVING MAX(ts_ms) >= ?",
+                                (since_ts_ms,)).fetchall()
+        return dict(rows)
 
     def count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0]

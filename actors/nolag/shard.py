@@ -6,6 +6,11 @@ and which connections are in the room) and lobby listeners. A connection's state
 several shards (its topics and its rooms hash apart), so every hook scans every index of this
 component: a purge that looked only at rooms left subscriptions behind as ghosts that still won
 load-balanced turns.
+
+Session shards hold what each actor keeps while away (``NolagActors``), durable in SQLite. A
+topic shard that Ray restarted gets its subscriptions, rooms, presence and lobby listeners back
+from the gateways (``docs/nolag.md``, "Restarts and failures"); a re-announced subscription is
+caught up from the log with what this incarnation stamped after the last message it got.
 """
 
 from __future__ import annotations
@@ -13,14 +18,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from actors.nolag.actorstore import Actor, ActorStore, Change
 from actors.nolag.contract import (ActorState, LobbyChange, LobbySpec, LoggedMessage, Op, PresenceChange,
-                                   SubscriptionRecord, message, topic_of)
+                                   SubscriptionRecord, actor_key, message, topic_of)
 from actors.nolag.keys import pattern_matches
 from actors.nolag.messagelog import LogRecord, MessageLog, SqliteMessageLog
 from actors.nolag.state import Lobby, Presence, Subscriptions
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT, Location, group_by_gateway
-from router.shardmap import SESSION, TOPIC
+from router.shardmap import SESSION, TOPIC, shard_index
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +35,15 @@ PRUNE_EVERY_MS = 60_000
 # stamps ahead of the clock; a wall clock may step back a little): older ones are dropped, so the
 # map does not keep every topic a client ever named.
 STAMPS_KEPT_MS = 5_000
+# For this long after a (re)start a topic shard remembers which connection each logged message
+# excluded (echo: false): a subscription re-announced meanwhile is caught up without its own messages.
+CATCH_UP_WINDOW_MS = 60_000
 STAMPS_PRUNED_EVERY_MS = 1_000
-MAX_SEEN = 1000  # QoS 2 ids kept per actor
+MAX_SEEN = 10_000  # QoS 2 ids kept per actor (those at or below the topic's floor go first)
 # Logged messages kept in memory while the message log cannot store them (retried every batch);
 # beyond this the oldest are dropped, and said so.
 MAX_LOG_BACKLOG = 100_000
+MAX_ACTOR_BACKLOG = 100_000  # actor changes kept while the actor store cannot write them
 
 
 class NolagTopics(Component):
@@ -50,6 +60,9 @@ class NolagTopics(Component):
         self._topic_ts: dict[str, int] = {}  # topic key -> its last stamp, while it matters
         self._stamps_pruned_at = 0
         self._next_prune = 0
+        self._started_ms = self.now  # this incarnation's first stamp is no earlier
+        self._groups_caught_up: set[tuple[str, str]] = set()  # (topic key, group) re-announced here
+        self._excluded: dict[str, Location] | None = {}  # msg id -> its sender (echo: false), for a while
 
     def operations(self) -> dict[str, Handler]:
         return {
@@ -60,6 +73,7 @@ class NolagTopics(Component):
             Op.LOG: self.logged,
             Op.ROOM: self.room,
             Op.PRESENCE: self.set_presence,
+            Op.PRESENCE_RESTORE: self.restore_presence,
             Op.PRESENCE_LIST: self.presence_list,
             Op.LOBBY_SUBSCRIBE: self.lobby_subscribe,
             Op.LOBBY_UNSUBSCRIBE: self.lobby_unsubscribe,
@@ -85,10 +99,35 @@ class NolagTopics(Component):
     # -- topics ---------------------------------------------------------------------------
 
     def subscribe(self, gateway_id: str, key: str, connection_id: int, actor: str, filters: tuple[str, ...],
-                  qos: int, group: str | None) -> int:
+                  qos: int, group: str | None, after_ms: int | None) -> int:
         self.subscriptions.subscribe(key, (gateway_id, connection_id), filters, qos, group)
+        if after_ms is not None:
+            self._catch_up(gateway_id, key, connection_id, filters, group, after_ms)
         # Without a stamp kept, every message so far is older than now and the next is stamped now or later.
         return self._topic_ts.get(key, self.now - 1)
+
+    def _catch_up(self, gateway_id: str, key: str, connection_id: int, filters: tuple[str, ...], group: str | None,
+                  after_ms: int) -> None:
+        """A subscription re-announced after this shard restarted: deliver the messages this
+        incarnation logged after the last one the connection got, published before the re-announce
+        reached it (those of the previous incarnation were delivered by it; one whose publish
+        met the crash was not confirmed to its sender). Its own messages sent with ``echo: false``
+        are left out; of a load-balance group, only the first member re-announced catches up."""
+        if group is not None:
+            if (key, group) in self._groups_caught_up:
+                return
+            self._groups_caught_up.add((key, group))
+        location = (gateway_id, connection_id)
+        excluded = self._excluded or {}
+        topic = topic_of(key)
+        routes = {gateway_id: [connection_id]}
+        for record in self._logged_after(key, max(after_ms, self._started_ms - 1), self.settings.nolag.max_replay):
+            if filters and (record.filter is None or record.filter not in filters):
+                continue
+            if excluded.get(record.msg_id) == location:
+                continue
+            self.emit(routes, message(topic, record.data_packed, record.msg_id, record.qos, record.filter,
+                                      record.ts_ms, "", None), DELIVER_EVENT)
 
     def unsubscribe(self, gateway_id: str, key: str, connection_id: int) -> bool:
         return self.subscriptions.unsubscribe(key, (gateway_id, connection_id))
@@ -103,6 +142,8 @@ class NolagTopics(Component):
         self._topic_ts[key] = ts_ms
         if msg_id is not None:
             self._log_pending.append(LogRecord(key, msg_id, ts_ms, packed, qos, filter_))
+            if exclude is not None and self._excluded is not None:
+                self._excluded[msg_id] = (gateway_id, exclude)
         chosen = self.subscriptions.route(key, filter_, None if exclude is None else (gateway_id, exclude))
         if chosen:
             self.emit(group_by_gateway(chosen), message(topic, packed, msg_id, qos, filter_, ts_ms, sender, meta),
@@ -112,7 +153,17 @@ class NolagTopics(Component):
     def logged(self, gateway_id: str, key: str, after_ms: int, limit: int) -> list[LoggedMessage]:
         topic = topic_of(key)
         return [LoggedMessage(topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter)
-                for r in self.message_log.since([key], after_ms, limit)]
+                for r in self._logged_after(key, after_ms, limit)]
+
+    def _logged_after(self, key: str, after_ms: int, limit: int) -> list[LogRecord]:
+        """The topic's logged messages after ``after_ms``, with those of this batch (or a failed
+        write) not yet stored."""
+        records = self.message_log.since([key], after_ms, limit)
+        pending = [r for r in self._log_pending if r.topic == key and r.ts_ms > after_ms]
+        if pending:
+            stored = {r.msg_id for r in records}
+            records = sorted(records + [r for r in pending if r.msg_id not in stored], key=lambda r: r.ts_ms)[:limit]
+        return records
 
     # -- rooms and presence ---------------------------------------------------------------
 
@@ -123,21 +174,29 @@ class NolagTopics(Component):
             del self.room_members[room]
         return True
 
-    def set_presence(self, gateway_id: str, room: str, connection_id: int, actor: str, data: Any, now: int) -> int:
+    def set_presence(self, gateway_id: str, room: str, connection_id: int, actor: str, data: Any,
+                     now: int) -> int | None:
         location = (gateway_id, connection_id)
         events = self.presence.set(room, actor, location, data, now)
         self._presence_out(room, events, extra=location)
-        return len(events)
+        return events[-1].joined_at if events and events[-1].event != "leave" else None
+
+    def restore_presence(self, gateway_id: str, room: str, connection_id: int, actor: str, data: Any,
+                         joined_at: int) -> bool:
+        """Quiet: the members and lobby listeners heard of this presence before the shard restarted."""
+        return self.presence.restore(room, actor, (gateway_id, connection_id), data, joined_at)
 
     def presence_list(self, gateway_id: str, room: str) -> list[dict[str, Any]]:
         return self.presence.list(room)
 
     def _presence_out(self, room: str, events: list, extra: Location | None = None) -> None:
-        """Presence events to the room's members (and the actor itself), lobby events to listeners."""
+        """Presence events to the room's members and the actors present in it (and the actor
+        itself), lobby events to listeners."""
         if not events:
             return
         _, project, plain = room.split("/", 2)
         members = set(self.room_members.get(room, ()))
+        members.update(self.presence.locations_in(room))  # present without a subscription: the SDK's rooms
         if extra is not None:
             members.add(extra)
         routes = group_by_gateway(members)
@@ -179,6 +238,8 @@ class NolagTopics(Component):
 
     def before_batch(self) -> None:
         now = self.now
+        if self._excluded is not None and now > self._started_ms + CATCH_UP_WINDOW_MS:
+            self._excluded = None
         if not self._stamps_pruned_at <= now < self._stamps_pruned_at + STAMPS_PRUNED_EVERY_MS:
             self._stamps_pruned_at = now  # also when the clock stepped back
             horizon = now - STAMPS_KEPT_MS
@@ -187,6 +248,14 @@ class NolagTopics(Component):
 
     def stats(self) -> dict[str, Any]:
         return {"nolag_topic_stamps": len(self._topic_ts)}
+
+    def restore(self) -> None:
+        """Stamps stay strictly increasing per topic across a restart: the log's last stamps that
+        the clock may not have passed yet (a burst runs ahead of it) are this shard's again."""
+        horizon = self.now - STAMPS_KEPT_MS
+        count, index = self.settings.shards.topic, self.shard.index
+        self._topic_ts = {key: ts for key, ts in self.message_log.last_stamps(horizon).items()
+                          if shard_index(key, count) == index}
 
     def _locations(self) -> set[Location]:
         """Every connection this component holds anything of, in any of its indexes."""
@@ -239,13 +308,18 @@ class NolagTopics(Component):
 
 
 class NolagActors(Component):
-    """Each NoLag actor's subscriptions, replay positions and QoS 2 ids, kept while it is away."""
+    """Each NoLag actor's subscriptions, replay positions, whether it acks and its QoS 2 ids, kept
+    while it is away: in memory, and in SQLite (``nolag-actors.sqlite3``) committed in
+    ``after_batch`` before the batch's results leave, reloaded by ``restore()``."""
 
     name = "nolag"
 
     def __init__(self, shard: Any) -> None:
         super().__init__(shard)
-        self.actors: dict[str, ActorState] = {}
+        self.actors: dict[str, Actor] = {}
+        self._store: ActorStore | None = None
+        self._changes: list[Change] = []
+        self._changed_subs: set[tuple[str, str]] = set()  # (actor, topic) with a "sub" change pending
 
     def operations(self) -> dict[str, Handler]:
         return {
@@ -253,24 +327,39 @@ class NolagActors(Component):
             Op.ACTOR_GET: self.get,
             Op.ACTOR_SAVE: self.save,
             Op.ACTOR_CHECKPOINT: self.checkpoint,
-            Op.ACTOR_LEAVE: self.leave,
+            Op.ACTOR_SEEN: self.seen,
+            Op.ACTOR_UNSEEN: self.unseen,
         }
 
-    def _state(self, actor: str) -> ActorState:
+    @property
+    def store(self) -> ActorStore:
+        if self._store is None:
+            self._store = ActorStore(self.settings.data_dir / "nolag-actors.sqlite3")
+        return self._store
+
+    def _state(self, actor: str) -> Actor:
         state = self.actors.get(actor)
         if state is None:
-            state = self.actors[actor] = ActorState({}, {}, [])
+            state = self.actors[actor] = Actor()
         return state
 
+    def _sub_changed(self, actor: str, topic: str) -> None:
+        if (actor, topic) not in self._changed_subs:
+            self._changed_subs.add((actor, topic))
+            self._changes.append(("sub", actor, topic))
+
     def reset(self, gateway_id: str, actor: str) -> bool:
-        self.actors[actor] = ActorState({}, {}, [])
+        self.actors[actor] = Actor()
+        self._changed_subs = {pair for pair in self._changed_subs if pair[0] != actor}
+        self._changes.append(("reset", actor))
         return True
 
     def get(self, gateway_id: str, actor: str) -> ActorState | None:
         state = self.actors.get(actor)
         if state is None:
             return None
-        return ActorState(dict(state.subscriptions), dict(state.resume), list(state.seen))
+        return ActorState(dict(state.subscriptions), dict(state.resume), dict(state.floors), list(state.seen),
+                          state.acks)
 
     def save(self, gateway_id: str, actor: str, topic: str, record: SubscriptionRecord | None,
              position: int | None) -> bool:
@@ -278,25 +367,76 @@ class NolagActors(Component):
         if record is None:
             state.subscriptions.pop(topic, None)
             state.resume.pop(topic, None)
+            state.floors.pop(topic, None)
         else:
             state.subscriptions[topic] = record
             if position is not None:
                 state.resume.setdefault(topic, position)
+                state.floors.setdefault(topic, position)
+        self._sub_changed(actor, topic)
         return True
 
-    def checkpoint(self, gateway_id: str, actor: str, resume: dict[str, int]) -> bool:
+    def checkpoint(self, gateway_id: str, actor: str, resume: dict[str, int], floors: dict[str, int],
+                   acks: bool) -> bool:
         state = self.actors.get(actor)
-        if state is not None:
-            state.resume.update({topic: ts for topic, ts in resume.items() if topic in state.subscriptions})
+        if state is None:
+            return True
+        subscribed = state.subscriptions
+        for topic, position in resume.items():
+            if topic in subscribed:
+                state.resume[topic] = position
+                state.floors[topic] = min(floors.get(topic, position), position)
+                self._sub_changed(actor, topic)
+        if acks and not state.acks:
+            state.acks = True
+            self._changes.append(("acks", actor, True))
+        # QoS 2 ids at or below their topic's floor are never replayed again: forgotten, oldest first
+        seen = state.seen
+        while seen:
+            msg_id, (topic, ts_ms) = next(iter(seen.items()))
+            if topic in subscribed and ts_ms > state.floors.get(topic, ts_ms):
+                break
+            del seen[msg_id]
+            self._changes.append(("unseen", actor, msg_id))
         return True
 
-    def leave(self, gateway_id: str, actor: str, resume: dict[str, int], seen: list[str]) -> bool:
-        self.checkpoint(gateway_id, actor, resume)
+    def seen(self, gateway_id: str, actor: str, records: tuple[tuple[str, str, int], ...]) -> bool:
+        state = self._state(actor)
+        seen = state.seen
+        for msg_id, topic, ts_ms in records:
+            if msg_id not in seen:
+                seen[msg_id] = (topic, ts_ms)
+                self._changes.append(("seen", actor, msg_id, topic, ts_ms))
+        while len(seen) > MAX_SEEN:
+            msg_id, _ = seen.popitem(last=False)
+            self._changes.append(("unseen", actor, msg_id))
+        return True
+
+    def unseen(self, gateway_id: str, actor: str, msg_ids: tuple[str, ...]) -> bool:
         state = self.actors.get(actor)
         if state is not None:
-            kept = (state.seen + seen)[-MAX_SEEN:]
-            self.actors[actor] = state._replace(seen=kept)
+            for msg_id in msg_ids:
+                if state.seen.pop(msg_id, None) is not None:
+                    self._changes.append(("unseen", actor, msg_id))
         return True
+
+    def after_batch(self) -> None:
+        if not self._changes:
+            return
+        changes = self._changes
+        if len(changes) > MAX_ACTOR_BACKLOG:
+            logger.error("%s: actor store failing; %d change(s) dropped", self.shard.name,
+                         len(changes) - MAX_ACTOR_BACKLOG)
+            del changes[:-MAX_ACTOR_BACKLOG]
+        # On a failure the changes stay and go with the next batch (the memory is the newer truth);
+        # the base answers this batch's commands with an error, so nothing unstored is confirmed.
+        self.store.commit(self.actors, changes)
+        self._changes = []
+        self._changed_subs = set()
+
+    def restore(self) -> None:
+        count, index = self.settings.shards.session, self.shard.index
+        self.actors = self.store.load(lambda actor: shard_index(actor_key(actor), count) == index)
 
     def stats(self) -> dict[str, Any]:
         return {"nolag_actors": len(self.actors)}

@@ -14,6 +14,7 @@ Choices (also in ``docs/nolag.md``):
   flooded and one that leaves costs nothing. The excluded sender never takes a turn.
 - Presence is per room and per actor: an actor present from two connections is one entry whose
   location is the last one that set it, so closing the older connection does not make it leave.
+  The actors present in a room hear its presence events, as its subscribers do.
 """
 
 from __future__ import annotations
@@ -183,6 +184,18 @@ class Presence:
         events.append(PresenceEvent("update", room, actor_id, data, entry.joined_at))
         return events
 
+    def restore(self, room: str, actor_id: str, location: Location, data: Any, joined_at: int) -> bool:
+        """Put back an entry a restarted shard lost, as it was, with no event; an entry the actor
+        already has here (re-announced by another of its connections) is kept. True if added."""
+        entries = self._rooms.setdefault(room, {})
+        if actor_id in entries:
+            return False
+        entries[actor_id] = _Entry(location, data, joined_at)
+        if any(entry.joined_at > joined_at for entry in entries.values()):  # lists stay in join order
+            self._rooms[room] = dict(sorted(entries.items(), key=lambda item: item[1].joined_at))
+        self._by_location.setdefault(location, set()).add((room, actor_id))
+        return True
+
     def leave(self, room: str, *, actor_id: str | None = None, location: Location | None = None) -> list[PresenceEvent]:
         """The actor (or every actor whose entry ``location`` holds) leaves ``room``."""
         entries = self._rooms.get(room, {})
@@ -209,6 +222,10 @@ class Presence:
     def locations(self) -> list[Location]:
         """Every connection some actor's presence is at."""
         return list(self._by_location)
+
+    def locations_in(self, room: str) -> list[Location]:
+        """The connections of the actors present in ``room``: they hear its presence events."""
+        return [entry.location for entry in self._rooms.get(room, {}).values()]
 
     def list(self, room: str) -> list[dict[str, Any]]:
         """``[{actorTokenId, presence, joinedAt}]`` in join order (``presenceList``)."""

@@ -208,6 +208,43 @@ def _read_map(data: bytes) -> dict[Any, Any]:
     return fields
 
 
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What an error about a frame echoes (``topic``, ``msgRef``), read without decoding the rest."""
+
+    type: str | None = None
+    topic: str | None = None
+    msg_ref: Any = None
+
+
+_ENVELOPE_KEYS = frozenset({"type", "topic", "msgRef"})
+
+
+def envelope(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Envelope:
+    """``type``, ``topic`` and ``msgRef`` of a frame too large to decode: every other value (the
+    publish's ``data`` above all) is skipped, not built, and the three are read only while short
+    (a topic or id longer than its limit is not echoed). Whatever cannot be read is None."""
+    longest = max(limits.max_topic_length, limits.max_id_length)
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1), max_str_len=longest,
+                                max_bin_len=0, max_array_len=0, max_map_len=0, max_ext_len=0)
+    unpacker.feed(data)
+    found: dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key in _ENVELOPE_KEYS and key not in found:
+                found[key] = unpacker.unpack()
+            else:
+                unpacker.skip()  # no limits, no objects: a walk over the bytes
+            if len(found) == len(_ENVELOPE_KEYS):
+                break
+    except Exception:  # not a map, truncated, a key or value over the limits, nested too deep
+        pass
+    kind, topic, msg_ref = found.get("type"), found.get("topic"), found.get("msgRef")
+    return Envelope(kind if isinstance(kind, str) else None, topic if isinstance(topic, str) else None,
+                    msg_ref if isinstance(msg_ref, (str, int, float)) else None)
+
+
 def _auth(fields: dict, limits: Limits) -> Auth:
     token = fields.get("token")
     if not isinstance(token, str) or not token:

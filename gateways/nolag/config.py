@@ -61,6 +61,9 @@ class NolagConfig(Section):
     ack_backoff: float = Field(default=2, ge=1)
     max_attempts: int = Field(default=5, ge=1)
     max_unacked: int = Field(default=1000, ge=1)
+    # How often a connection tells its actor's session shard its replay positions (when they moved):
+    # after a crash of its gateway, a reconnect's replay repeats at most this much QoS 1 traffic.
+    checkpoint_interval_s: float = Field(default=1.0, gt=0)
     # The message log: QoS >= 1 messages are stored for replay; retention per topic pattern, else the default.
     log_retention_s: float = Field(default=3600, ge=0)
     log_retention: dict[str, float] = Field(default_factory=dict)

@@ -1,38 +1,45 @@
 """NoLag: one connection's QoS window — what waits for an ack, what is sent again, where to replay from.
 
 Plain class: no Ray, no sockets, no clock (``now`` is passed in). The session writes the frames
-and asks :class:`QosWindow` what to write; the window never builds or sends a frame itself, it
-keeps the ones it may have to send again.
+and asks :class:`QosWindow` what to write; the window never builds a frame itself, it keeps the
+ones it may have to send again.
 
-- A QoS 1/2 message with a ``msgId`` is written with ``requiresAck`` and waits in ``unacked``
-  (oldest first, at most ``max_unacked``: the oldest is dropped beyond) until its ack.
-- Acknowledgements are opt-in: redelivery starts once the connection has acked once. A QoS 1
-  message is sent again ``ack_timeout_s`` after it was written, then ``ack_backoff`` times
-  longer each time, ``max_attempts`` sends in all; then it is given up (it stays in the log for a
-  reconnect's replay). A QoS 2 message is never sent twice: it waits for its ack only.
-- QoS 2 ids written to the actor (on this connection, or restored from an earlier one) are never
-  written again; the last :data:`SEEN_CAP` are kept, the last :data:`SEEN_KEPT` are left with the
-  session shard when the connection ends.
-- ``positions``: per topic, the shard timestamp of the last message written here; a reconnect
-  replays what the topic logged after it (:meth:`QosWindow.resume`).
+The rule (also in ``docs/nolag.md``): nothing a client has not acked is ever skipped, and a client
+that never acks (the ``nolag`` SDK 2.6.0) is never sent a message twice.
+
+- Every QoS 1/2 message with a ``msgId`` is written with ``requiresAck`` and held in ``unacked``
+  from its first write until its ack. At most ``max_unacked`` frames are kept: beyond, the oldest
+  frame is dropped, but its message still counts as unacked (its topic's floor is *pinned* below it).
+- Redelivery starts once the actor has shown it acks (an ``ack``/``batchAck`` on this connection,
+  or on an earlier one: ``acks_seen`` restored). A QoS 1 message is sent again ``ack_timeout_s``
+  after it was written, then ``ack_backoff`` times longer each time, ``max_attempts`` sends in all;
+  then its frame is dropped and its floor pinned (a reconnect replays it from the log). A QoS 2
+  message is never written twice: it waits for its ack only. A frame the socket did not take is
+  written again when due, whatever the QoS and whether the client acks (that is its first write).
+- Per topic, two positions: ``positions`` (the shard timestamp of the last message written here)
+  and the *floor* (:meth:`floors`: just before the oldest message not acked, pinned or left by an
+  earlier connection). A reconnect of an actor that acks replays after the floor; of one that
+  never acked, after the position, and the range between (``carried``) is replayed once the new
+  connection shows it acks.
+- QoS 2 ids written to the actor (on this connection, or restored from its session shard) are
+  never written again; the last :data:`SEEN_CAP` are kept here.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 SEEN_CAP = 10_000  # QoS 2 ids remembered per connection
-SEEN_KEPT = 1000  # the newest of them handed to the session shard when the connection ends
 
 
 class Unacked:
-    """A QoS 1/2 frame written and not yet acknowledged."""
+    """A QoS 1/2 frame not yet acknowledged; ``attempts``: how many times the socket took it."""
 
     __slots__ = ("frame", "ts_ms", "attempts", "due", "qos", "topic")
 
-    def __init__(self, frame: bytes, ts_ms: int, due: float, qos: int, topic: str) -> None:
-        self.frame, self.ts_ms, self.attempts, self.due, self.qos, self.topic = frame, ts_ms, 1, due, qos, topic
+    def __init__(self, frame: bytes, ts_ms: int, attempts: int, due: float, qos: int, topic: str) -> None:
+        self.frame, self.ts_ms, self.attempts, self.due, self.qos, self.topic = frame, ts_ms, attempts, due, qos, topic
 
 
 class QosWindow:
@@ -42,11 +49,17 @@ class QosWindow:
         self.max_attempts = max_attempts
         self.max_unacked = max_unacked
         self.unacked: OrderedDict[str, Unacked] = OrderedDict()  # msg id -> its frame, oldest first
+        self.unwritten: dict[str, None] = {}  # the ones of them the socket has not taken yet, oldest first
         # Acknowledgements are opt-in: a client that never acks (the nolag SDK 2.6.0 does not) is not
         # sent each message again and again; one that has acked once gets redeliveries.
         self.acks_seen = False
         self.seen_qos2: OrderedDict[str, None] = OrderedDict()
+        self.recording: set[str] = set()  # QoS 2 ids the session shard is recording before their write
         self.positions: dict[str, int] = {}  # topic -> shard timestamp of the last message written here
+        self.pinned: dict[str, int] = {}  # topic -> floor held by unacked messages whose frames were dropped
+        # topic -> (floor, position): what an earlier connection of an actor that had not shown it acks
+        # left unacked; replayed once this one acks
+        self.carried: dict[str, tuple[int, int]] = {}
 
     # -- delivery -------------------------------------------------------------------------------
 
@@ -56,13 +69,28 @@ class QosWindow:
         return qos >= 1 and msg_id is not None
 
     def deliverable(self, msg_id: str | None, qos: int) -> bool:
-        """False: do not write it — a QoS 2 id the actor has had, or a message out and waiting for its ack."""
+        """False: do not write it — a QoS 2 id the actor has had (or is being recorded), or a
+        message out and waiting for its ack."""
         if qos >= 1 and msg_id is not None:
-            if qos == 2 and msg_id in self.seen_qos2:
+            if qos == 2 and (msg_id in self.seen_qos2 or msg_id in self.recording):
                 return False  # exactly once: this actor has had it (on this connection or an earlier one)
             if msg_id in self.unacked:
                 return False  # already out and waiting for its ack
         return True
+
+    @staticmethod
+    def needs_record(msg_id: str | None, qos: int) -> bool:
+        """A QoS 2 message is recorded with the actor's session shard before it is written."""
+        return qos == 2 and msg_id is not None
+
+    def seen(self, *msg_ids: str) -> None:
+        """QoS 2 ids the actor has had (recorded with its session shard): never written again."""
+        seen = self.seen_qos2
+        for msg_id in msg_ids:
+            seen[msg_id] = None
+            self.recording.discard(msg_id)
+        while len(seen) > SEEN_CAP:
+            seen.popitem(last=False)
 
     def delivered(self, topic: str, msg_id: str | None, qos: int, ts_ms: int, frame: bytes, sent: bool,
                   now: float) -> None:
@@ -72,37 +100,67 @@ class QosWindow:
             self.positions[topic] = ts_ms
         if self.requires_ack(msg_id, qos):
             if qos == 2 and sent:
-                seen = self.seen_qos2
-                seen[msg_id] = None
-                while len(seen) > SEEN_CAP:
-                    seen.popitem(last=False)
+                self.seen(msg_id)
             unacked = self.unacked
             if len(unacked) >= self.max_unacked:
-                unacked.popitem(last=False)
-            unacked[msg_id] = Unacked(frame, ts_ms, now + self.ack_timeout_s, qos, topic)
+                dropped_id, dropped = unacked.popitem(last=False)
+                self.unwritten.pop(dropped_id, None)
+                self._pin(dropped)
+            unacked[msg_id] = Unacked(frame, ts_ms, 1 if sent else 0, now + self.ack_timeout_s, qos, topic)
+            if not sent:
+                self.unwritten[msg_id] = None
 
-    def acked(self, *msg_ids: str) -> None:
-        """An ``ack`` or ``batchAck`` (even an empty one: the connection acks, so it gets redeliveries)."""
+    def _pin(self, entry: Unacked) -> None:
+        """``entry`` leaves the window unacked: its topic's floor stays below it (the log keeps it)."""
+        if entry.attempts and entry.qos == 2:
+            return  # written once: exactly once never writes it again
+        floor = entry.ts_ms - 1
+        if floor < self.pinned.get(entry.topic, floor + 1):
+            self.pinned[entry.topic] = floor
+
+    def acked(self, *msg_ids: str) -> bool:
+        """An ``ack`` or ``batchAck`` (even an empty one: the connection acks, so it gets
+        redeliveries); True if it is the first sign that the actor acks."""
+        first = not self.acks_seen
         self.acks_seen = True
-        unacked = self.unacked
+        unacked, unwritten = self.unacked, self.unwritten
         for msg_id in msg_ids:
             unacked.pop(msg_id, None)
+            unwritten.pop(msg_id, None)
+        return first
 
-    def due(self, now: float) -> list[bytes]:
-        """The frames to send again at ``now``, oldest first; QoS 1 ones past ``max_attempts`` are dropped."""
-        if not self.unacked or not self.acks_seen:
-            return []
-        frames = []
-        for msg_id, entry in list(self.unacked.items()):
-            if entry.due > now or entry.qos == 2:
-                continue  # QoS 2 is never sent twice to an actor: it waits for its ack only
-            if entry.attempts >= self.max_attempts:
-                del self.unacked[msg_id]  # given up: it stays in the log for a reconnect's replay
+    def resend_due(self, now: float, send: Callable[[bytes], bool]) -> int:
+        """Write again, oldest first, what is due at ``now`` with ``send`` (True: the socket took
+        it); QoS 1 ones past ``max_attempts`` leave the window, pinned. Returns how many were written."""
+        if self.acks_seen:
+            waiting = list(self.unacked.items())
+        elif self.unwritten:  # a client that does not ack: only first writes
+            waiting = [(msg_id, self.unacked[msg_id]) for msg_id in self.unwritten]
+        else:
+            return 0
+        written = 0
+        for msg_id, entry in waiting:
+            if entry.due > now:
                 continue
-            frames.append(entry.frame)
-            entry.due = now + self.ack_timeout_s * self.ack_backoff ** entry.attempts
-            entry.attempts += 1
-        return frames
+            if entry.attempts:  # a redelivery
+                if entry.qos == 2 or not self.acks_seen:
+                    continue  # QoS 2 is never written twice; a client that does not ack is never resent
+                if entry.attempts >= self.max_attempts:
+                    del self.unacked[msg_id]  # given up: the log keeps it for a reconnect's replay
+                    self._pin(entry)
+                    continue
+            if send(entry.frame):
+                written += 1
+                self.unwritten.pop(msg_id, None)
+                if entry.qos == 2:
+                    self.seen(msg_id)
+                if entry.ts_ms > self.positions.get(entry.topic, 0):
+                    self.positions[entry.topic] = entry.ts_ms
+                entry.due = now + self.ack_timeout_s * self.ack_backoff ** entry.attempts
+                entry.attempts += 1
+            else:
+                entry.due = now + self.ack_timeout_s
+        return written
 
     # -- positions, reconnect and replay --------------------------------------------------------
 
@@ -112,30 +170,44 @@ class QosWindow:
 
     def left(self, topic: str) -> None:
         self.positions.pop(topic, None)
+        self.pinned.pop(topic, None)
+        self.carried.pop(topic, None)
 
     def resume(self) -> dict[str, int]:
-        """Per topic, where a reconnect replays from: the last message written to this connection,
-        or (for clients that ack) just before the oldest one still waiting for its ack.
+        """Per topic, the last message written to this connection (shard timestamps, strictly
+        increasing per topic, so "after this position" is exactly "not yet written here")."""
+        return dict(self.positions)
 
-        Positions are the topic shard's timestamps, strictly increasing per topic, so "after this
-        position" is exactly "not yet written to this actor"."""
-        resume = dict(self.positions)
-        if self.acks_seen:
-            for entry in self.unacked.values():
-                topic = entry.topic
-                if topic in resume and entry.ts_ms - 1 < resume[topic]:
-                    resume[topic] = entry.ts_ms - 1
-        return resume
+    def floors(self) -> dict[str, int]:
+        """Per topic, just before the oldest message written here (or left by an earlier
+        connection) that was not acked: a reconnect of an actor that acks replays after it."""
+        floors = dict(self.positions)
 
-    def kept_seen(self) -> list[str]:
-        """The QoS 2 ids the session shard keeps for the actor when this connection ends (oldest first)."""
-        return list(self.seen_qos2)[-SEEN_KEPT:]
+        def lower(topic: str, floor: int) -> None:
+            if topic in floors and floor < floors[topic]:
+                floors[topic] = floor
 
-    def restore(self, seen_ids: Iterable[str]) -> None:
-        """Reconnect: the QoS 2 ids the actor had on earlier connections."""
-        seen = self.seen_qos2
-        for msg_id in seen_ids:
-            seen[msg_id] = None
+        for topic, floor in self.pinned.items():
+            lower(topic, floor)
+        for topic, (floor, _) in self.carried.items():
+            lower(topic, floor)
+        for entry in self.unacked.values():
+            if entry.qos == 1 or not entry.attempts:  # a QoS 2 one written is never replayed
+                lower(entry.topic, entry.ts_ms - 1)
+        return floors
+
+    def restore(self, seen_ids: Iterable[str], acks: bool = False) -> None:
+        """Reconnect: the QoS 2 ids the actor had on earlier connections, and whether it acks."""
+        self.seen(*seen_ids)
+        self.acks_seen = self.acks_seen or acks
+
+    def carry(self, floors: dict[str, int], positions: dict[str, int]) -> None:
+        """Reconnect of an actor that had not shown it acks: what its earlier connections left
+        unacked (between each floor and position), to replay once this connection acks."""
+        for topic, floor in floors.items():
+            position = positions.get(topic)
+            if position is not None and floor < position:
+                self.carried[topic] = (floor, position)
 
     def replay_topics(self, resume: dict[str, int], subscribed: Iterable[str]) -> list[str]:
         """The subscribed topics a reconnect replays (in ``subscribed`` order); each one's position

@@ -10,12 +10,18 @@ Where the state lives:
 - topic shards own topics (``nolag/<project>/<topic>``: subscribers with filters, QoS and
   load-balance groups; the message log), rooms (``nolag-room/<project>/<room>``: presence, who is
   in the room) and lobby listeners;
-- session shards own each actor's subscriptions, the point to replay from and the QoS 2 ids it
-  has seen, so a client that reconnects (``reconnect: true``) gets its subscriptions back and the
-  messages it missed, on any gateway;
+- session shards own each actor's subscriptions, the points to replay from, whether it acks and
+  the QoS 2 ids it has had (durable: SQLite), so a client that reconnects (``reconnect: true``)
+  gets its subscriptions back and the messages it missed, on any gateway;
 - this session holds what is per connection: its QoS window (``gateways/nolag/qos.py``:
-  unacknowledged QoS 1/2 messages, redelivered with backoff; the QoS 2 ids written; the replay
-  positions), the replay in progress, the rate limiter.
+  unacked QoS 1/2 messages, redelivered with backoff; the QoS 2 ids written; the replay
+  positions), the replay in progress, the rate limiter, its presence per room, and the messages
+  held behind a QoS 2 one until the session shard has recorded it (never written twice, even
+  after a crash of this gateway).
+
+When a shard restarts empty, :meth:`NolagSession.reannounce` sends it again what this connection
+held there (subscriptions with the last message it got, room memberships, presence, lobby
+listeners; to a session shard its subscriptions and positions), quietly.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -36,6 +43,7 @@ from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from gateways.nolag.config import NolagConfig
 from gateways.nolag.qos import QosWindow
+from gateways.shardclient import ShardLink
 from router import contract
 from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable
@@ -47,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 DIALECT = "nolag"
 HEARTBEAT = b""
-CHECKPOINT_S = 5.0  # how often a connection tells its session shard where to replay from
+AUTH_ATTEMPTS = 3  # reading (or resetting) the actor's kept state, before the auth fails
 ENVELOPE_ALLOWANCE = 4096  # a frame may exceed the data limit by this much (its other fields)
 
 
@@ -190,8 +198,17 @@ class NolagSession(DialectSession):
         # unacked QoS 1/2 frames, the QoS 2 ids written, the positions a reconnect replays from
         self.qos = QosWindow(config.ack_timeout_s, config.ack_backoff, config.max_attempts, config.max_unacked)
         self.replaying: list | None = None  # live deliveries held while a replay is sent
+        self.carrying = False  # replaying what an earlier connection left unacked (once this one acks)
+        # Behind a QoS 2 message until its session shard has recorded it: that message, and every
+        # frame after it, in order (messages as _Items, other frames as bytes).
+        self.gated: deque = deque()
+        self.to_record: list[tuple[str, str, int]] = []  # (msg_id, topic, ts_ms) not yet sent
+        self.recording = False  # a record is out
+        self.record_scheduled = False
+        self.present: dict[str | None, tuple[Any, int]] = {}  # room -> (presence data, joinedAt)
         self.tasks: set[asyncio.Task] = set()
         self.last_checkpoint = 0.0
+        self.checkpointed: tuple | None = None  # what the session shard was last told
 
     # -- frames in ------------------------------------------------------------------------------
 
@@ -207,9 +224,11 @@ class NolagSession(DialectSession):
         size = len(data)
         try:
             if size > self.config.max_message_bytes + ENVELOPE_ALLOWANCE:
-                # Not even decoded: far above the limit (publish data is checked exactly after decoding).
+                # Not decoded: far above the limit (publish data is checked exactly after decoding);
+                # only its topic and msgRef are read, the data skipped, for the error to carry them.
+                head = codec.envelope(data, self.dialect.limits)
                 raise codec.nolag_error("message_too_large", f"message of {size} bytes exceeds "
-                                        f"{self.config.max_message_bytes}")
+                                        f"{self.config.max_message_bytes}", head.topic, head.msg_ref)
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))
@@ -239,13 +258,11 @@ class NolagSession(DialectSession):
         elif isinstance(request, codec.SetFilters):
             self._set_filters(request)
         elif isinstance(request, codec.Ack):
-            self.qos.acked(request.msg_id)
+            self._acked(request.msg_id)
         elif isinstance(request, codec.BatchAck):
-            self.qos.acked(*request.msg_ids)
+            self._acked(*request.msg_ids)
         elif isinstance(request, codec.Presence):
-            self._check_room(request.room_id)
-            key = room_key(self.project, request.room_id)
-            self._ask(key, nolag.presence(key, self.wire.id, self.actor, request.data, now_ms()), None)
+            self._presence(request)
         elif isinstance(request, codec.GetPresence):
             self._check_room(request.room_id)
             key = room_key(self.project, request.room_id)
@@ -276,9 +293,28 @@ class NolagSession(DialectSession):
                                   key.rate_limit_per_s or self.config.rate_limit_per_s, time.monotonic())
         version = min(request.protocol_version, codec.MAX_PROTOCOL_VERSION)
         if not request.reconnect:
-            self._ask_session(nolag.actor_reset(self.actor), lambda _: self._authenticated(version, []))
+            self._ask_actor(nolag.actor_reset(self.actor), lambda _: self._authenticated(version, []))
             return
-        self._ask_session(nolag.actor_get(self.actor), lambda state: self._restore(version, state))
+        self._ask_actor(nolag.actor_get(self.actor), lambda state: self._restore(version, state))
+
+    def _ask_actor(self, command: tuple, on_result: Any, attempt: int = 1) -> None:
+        """The actor's kept state, needed to answer ``auth``: asked again if its session shard
+        failed (it may be restarting); after :data:`AUTH_ATTEMPTS` the auth fails and the client
+        reconnects."""
+        shards = self.shards
+
+        def done(result: Any) -> None:
+            if self.closed:
+                return
+            if not isinstance(result, (ShardUnavailable, CommandError)):
+                on_result(result)
+            elif attempt < AUTH_ATTEMPTS:
+                self._ask_actor(command, on_result, attempt + 1)
+            else:
+                self._send(codec.auth_failed("internal_error"))
+                self._shut(1011, "the router could not read the session")
+
+        shards.send(shards.link(SESSION, actor_key(self.actor)), command, done)
 
     def _authenticated(self, version: int, restored: list[str]) -> None:
         self.authenticating = False
@@ -289,8 +325,13 @@ class NolagSession(DialectSession):
         if not state:
             self._authenticated(version, [])
             return
-        subscriptions, resume, seen = state
-        self.qos.restore(seen)
+        subscriptions, positions, floors, seen, acks = state
+        self.qos.restore(seen, acks)
+        if acks:  # it acks: replayed from before the oldest message it had not acked
+            resume = {topic: min(floors.get(topic, position), position) for topic, position in positions.items()}
+        else:  # it may never ack (the SDK): nothing twice; what it left unacked waits for its first ack
+            resume = positions
+            self.qos.carry(floors, positions)
         self.replaying = []
         pending = [len(subscriptions)]
         restored = sorted(subscriptions)
@@ -335,21 +376,64 @@ class NolagSession(DialectSession):
     def _end_replay(self, records: list) -> None:
         """Send what was missed (replayStart, messages, replayEnd), then the live ones held meanwhile."""
         held, self.replaying = self.replaying or [], None
-        logged = []
+        # exactly once: QoS 2 ids the actor had before it went away are left out, and live ones in the replay
+        items, held = self.qos.replayed(self._replayable(records), held)
+        self._send_replay(items)
+        for item in held:
+            self._deliver(item)
+        if self.qos.acks_seen:
+            self._replay_carried()
+
+    def _replayable(self, records: list, upto: dict[str, int] | None = None) -> list[_Item]:
+        """Logged records as replayed items: those the subscriptions select (and at most ``upto``)."""
+        items = []
         for topic, msg_id, ts_ms, packed, qos, filter_ in records:
             sub = self.subs.get(topic)
-            if sub is None or not _selects(sub, filter_):
+            if sub is None or not _selects(sub, filter_) or (upto is not None and ts_ms > upto[topic]):
                 continue
-            logged.append(_Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, None, True))
-        # exactly once: QoS 2 ids the actor had before it went away are left out, and live ones in the replay
-        items, held = self.qos.replayed(logged, held)
+            items.append(_Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, None, True))
+        return items
+
+    def _send_replay(self, items: list[_Item]) -> None:
+        items = [item for item in items if self.qos.deliverable(item.msg_id, item.qos)]
         if items:
-            self._send(codec.replay_start(len(items), items[0].ts_ms, items[-1].ts_ms))
+            self._frame(codec.replay_start(len(items), items[0].ts_ms, items[-1].ts_ms))
             for item in items:
-                self._deliver(*item)
-            self._send(codec.replay_end(len(items)))
-        for item in held:
-            self._deliver(*item)
+                self._deliver(item)
+            self._frame(codec.replay_end(len(items)))
+
+    def _acked(self, *msg_ids: str) -> None:
+        if self.qos.acked(*msg_ids):  # the first sign that the actor acks: its session shard learns it
+            self._checkpoint()
+            if self.replaying is None:
+                self._replay_carried()
+
+    def _replay_carried(self) -> None:
+        """This connection acks: replay what earlier connections of the actor (which had not shown
+        that it acks) left unacked, from the log (the range between each floor and position)."""
+        carried = self.qos.carried
+        topics = [topic for topic in carried if topic in self.subs]
+        if self.carrying or not topics:
+            return
+        self.carrying = True
+        limit = self.config.max_replay
+        keys = [topic_key(self.project, topic) for topic in topics]
+
+        def collected(results: list) -> None:
+            self.carrying = False
+            if self.closed:
+                return
+            records, upto = [], {}
+            for topic, result in zip(topics, results):
+                if isinstance(result, (ShardUnavailable, CommandError)) or topic not in carried:
+                    continue  # kept: asked again on a later tick
+                upto[topic] = carried.pop(topic)[1]
+                records.extend(result)
+            records.sort(key=lambda record: record.ts_ms)
+            self._send_replay(self.qos.replayed(self._replayable(records, upto)[:limit], [])[0])
+
+        self.shards.send_each([(self.shards.link(TOPIC, key), nolag.log(key, carried[topic][0], limit))
+                               for key, topic in zip(keys, topics)], collected)
 
     # -- subscriptions --------------------------------------------------------------------------
 
@@ -370,6 +454,7 @@ class NolagSession(DialectSession):
                 return
             self._send(codec.subscribed(topic, request.load_balance))
             position = self.qos.joined(topic, result)  # the topic's last message when we joined
+            self.checkpointed = None
             self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), position), None)
             url = self.dialect.hydration_url(topic)
             if url is not None:
@@ -462,20 +547,38 @@ class NolagSession(DialectSession):
             if self.replaying is not None:
                 self.replaying.append(item)
             else:
-                self._deliver(*item)
+                self._deliver(item)
         elif isinstance(payload, PresenceChange):
             room, event, actor, presence, joined_at = payload
-            self._send(codec.presence_event(event, actor, presence, joined_at, room))
+            self._frame(codec.presence_event(event, actor, presence, joined_at, room))
         elif isinstance(payload, LobbyChange):
             lobby, room, event, actor, data = payload
             if lobby in self.lobbies:
-                self._send(codec.lobby_presence(event, lobby, room, actor, data))
+                self._frame(codec.lobby_presence(event, lobby, room, actor, data))
 
-    def _deliver(self, topic: str, packed: bytes, msg_id: str | None, qos: int, filter_: str | None, ts_ms: int,
-                 meta: tuple | None, is_replay: bool) -> None:
+    def _deliver(self, item: _Item) -> None:
+        """Write a message, unless the actor had it; a QoS 2 one (and all behind it) waits until
+        its session shard has recorded it, so that no replay, even after a crash of this gateway,
+        writes it twice."""
         window = self.qos
-        if not window.deliverable(msg_id, qos):
+        msg_id = item.msg_id
+        if not window.deliverable(msg_id, item.qos):
             return
+        if window.needs_record(msg_id, item.qos):
+            window.recording.add(msg_id)
+            self.to_record.append((msg_id, item.topic, item.ts_ms))
+            self.gated.append(item)
+            if not self.record_scheduled and not self.recording:
+                self.record_scheduled = True
+                asyncio.get_running_loop().call_soon(self._record)
+        elif self.gated:
+            self.gated.append(item)
+        else:
+            self._write(item)
+
+    def _write(self, item: _Item) -> None:
+        topic, packed, msg_id, qos, filter_, ts_ms, meta, is_replay = item
+        window = self.qos
         requires_ack = window.requires_ack(msg_id, qos)
         frame = codec.message_packed(topic, packed, msg_id, requires_ack, is_replay, filter_, None, ts_ms)
         sent = self._send(frame)
@@ -483,7 +586,63 @@ class NolagSession(DialectSession):
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
+    def _frame(self, frame: bytes) -> None:
+        """A frame that keeps its place behind messages waiting for their record."""
+        if self.gated:
+            self.gated.append(frame)
+        else:
+            self._send(frame)
+
+    def _record(self) -> None:
+        """Send the QoS 2 ids waiting to be recorded, one record out at a time (they batch up meanwhile)."""
+        self.record_scheduled = False
+        if self.closed or self.recording or not self.to_record:
+            return
+        records, self.to_record = tuple(self.to_record), []
+        self.recording = True
+
+        def done(result: Any) -> None:
+            self.recording = False
+            if self.closed:
+                return
+            if isinstance(result, (ShardUnavailable, CommandError)):
+                self.to_record[0:0] = records  # sent again on the next tick
+                return
+            self.qos.seen(*(msg_id for msg_id, _, _ in records))
+            self._release()
+            self._record()
+
+        shards = self.shards
+        shards.send(shards.link(SESSION, actor_key(self.actor)), nolag.actor_seen(self.actor, records), done)
+
+    def _release(self) -> None:
+        """Write what waited behind recorded QoS 2 messages, up to the next one still being recorded."""
+        gated, recording = self.gated, self.qos.recording
+        while gated:
+            entry = gated[0]
+            if type(entry) is bytes:
+                self._send(entry)
+            elif entry.msg_id in recording:
+                return
+            else:
+                self._write(entry)
+            gated.popleft()
+
     # -- presence and lobbies -------------------------------------------------------------------
+
+    def _presence(self, request: codec.Presence) -> None:
+        room = request.room_id
+        self._check_room(room)
+        key = room_key(self.project, room)
+        data = request.data
+
+        def done(joined_at: Any) -> None:  # kept to re-announce it to a restarted shard
+            if isinstance(joined_at, int) and not isinstance(joined_at, bool):
+                self.present[room] = (data, joined_at)
+            else:
+                self.present.pop(room, None)
+
+        self._ask(key, nolag.presence(key, self.wire.id, self.actor, data, now_ms()), done)
 
     def _check_room(self, room: str | None) -> None:
         """The key's ACL, as for a subscribe: presence is shared by the subscribers of the room's topics."""
@@ -534,12 +693,28 @@ class NolagSession(DialectSession):
             return
         if now - self.last_sent > config.heartbeat_interval_s:
             self._send(HEARTBEAT)
-        for frame in self.qos.due(now):  # unacked ones, once the connection acks
-            self._send(frame)
-            self.dialect.redelivered += 1
-        if now - self.last_checkpoint > CHECKPOINT_S and self.subs:
-            self.last_checkpoint = now
-            self._ask_session(nolag.actor_checkpoint(self.actor, self.qos.resume()), None)
+        # unacked ones, once the connection acks (and frames the socket did not take)
+        self.dialect.redelivered += self.qos.resend_due(now, self._send)
+        if self.to_record and not self.recording:
+            self._record()  # a record that failed: again
+        if self.qos.acks_seen and self.qos.carried and self.replaying is None:
+            self._replay_carried()  # a carried replay that failed: again
+        if now - self.last_checkpoint >= config.checkpoint_interval_s and self.subs:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Tell the actor's session shard where to replay from (when that changed)."""
+        self.last_checkpoint = time.monotonic()
+        state = (self.qos.resume(), self.qos.floors(), self.qos.acks_seen)
+        if state == self.checkpointed:
+            return
+        self.checkpointed = state
+
+        def done(result: Any) -> None:
+            if result is None and self.checkpointed is state:
+                self.checkpointed = None  # not stored: told again on the next tick
+
+        self._ask_session(nolag.actor_checkpoint(self.actor, *state), done)
 
     def disconnect(self, reason: str) -> None:
         self._send(codec.disconnect(reason))
@@ -557,7 +732,46 @@ class NolagSession(DialectSession):
         shards, connection_id = self.shards, self.wire.id
         for link in shards.all(TOPIC):
             shards.send(link, contract.purge(connection_id))
-        self._ask_session(nolag.actor_leave(self.actor, self.qos.resume(), self.qos.kept_seen()), None)
+        if self.authenticating:
+            return  # the kept state was not read yet: nothing to add to it
+        # QoS 2 messages recorded (or on their way) but never written: a replay may write them
+        unwritten = tuple(entry.msg_id for entry in self.gated if type(entry) is not bytes
+                          and self.qos.needs_record(entry.msg_id, entry.qos))
+        if unwritten:
+            self._ask_session(nolag.actor_unseen(self.actor, unwritten), None)
+        self._ask_session(nolag.actor_checkpoint(self.actor, self.qos.resume(), self.qos.floors(),
+                                                 self.qos.acks_seen), None)
+
+    def reannounce(self, link: ShardLink) -> None:
+        """The shard behind ``link`` restarted empty: send it what this connection held there.
+        Nobody hears of it: subscriptions come back with the last message the connection got on
+        each (the shard delivers what its log holds after it), presence comes back quietly."""
+        if self.key is None:
+            return
+        shards, project, connection_id = self.shards, self.project, self.wire.id
+        if shards.link(SESSION, actor_key(self.actor)) is link:
+            for topic, sub in self.subs.items():
+                shards.send(link, nolag.actor_save(self.actor, topic, sub.record(), self.qos.positions.get(topic)))
+            self.checkpointed = None
+            self._checkpoint()
+        positions = self.qos.positions
+        for topic, sub in self.subs.items():
+            key = topic_key(project, topic)
+            if shards.link(TOPIC, key) is link:
+                shards.send(link, nolag.subscribe(key, connection_id, self.actor, sub.filters, sub.qos, sub.group,
+                                                  positions.get(topic)))
+        for room in self.rooms:
+            key = room_key(project, room)
+            if shards.link(TOPIC, key) is link:
+                shards.send(link, nolag.room(key, connection_id, True))
+        for room, (data, joined_at) in self.present.items():
+            key = room_key(project, room)
+            if shards.link(TOPIC, key) is link:
+                shards.send(link, nolag.presence_restore(key, connection_id, self.actor, data, joined_at))
+        for lobby_id in self.lobbies:
+            lobby = self.config.lobbies[lobby_id]
+            spec = LobbySpec(project, tuple(lobby.rooms) if lobby.rooms is not None else None, lobby.prefix)
+            shards.send(link, nolag.lobby_subscribe(lobby_id, spec, connection_id, True))
 
     # -- plumbing -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import msgpack
 import pytest
 import ray
 
@@ -587,3 +588,188 @@ def test_nolag_sdk_connects_publishes_receives_and_reconnects(nolag):
         await other.close()
 
     run(scenario(), timeout=90)
+
+
+def test_nolag_sdk_present_clients_see_each_others_presence(nolag):
+    """Two SDK clients that only set presence in a room (no subscription there): each sees the
+    other's ``presence:join``. Before, only a room's subscribers got its presence events, so A saw
+    its own join and update and never B's."""
+    from nolag import NoLag, NoLagOptions
+
+    async def scenario():
+        clients = [NoLag(nolag.token(), NoLagOptions(url=nolag.urls[i], reconnect=False)) for i in (0, 1)]
+        events: list[list] = [[], []]
+        for client, seen in zip(clients, events):
+            await client.connect()
+            for event in ("join", "update", "leave"):
+                client.on(f"presence:{event}", lambda actor, event=event, seen=seen: seen.append(
+                    (event, actor.actor_token_id, actor.presence)))
+        a, b = clients
+        await a.set_app("sdk").set_room("porch").set_presence({"name": "a"})
+        await eventually(lambda: _value(len(events[0]) == 2))
+        await b.set_app("sdk").set_room("porch").set_presence({"name": "b"})
+        await eventually(lambda: _value(len(events[0]) == 4 and len(events[1]) == 2))
+        assert events[0] == [("join", a.actor_id, {"name": "a"}), ("update", a.actor_id, {"name": "a"}),
+                             ("join", b.actor_id, {"name": "b"}), ("update", b.actor_id, {"name": "b"})]
+        assert events[1] == [("join", b.actor_id, {"name": "b"}), ("update", b.actor_id, {"name": "b"})]
+        await a.set_app("sdk").set_room("porch").set_presence({"name": "a2"})
+        await eventually(lambda: _value(len(events[1]) == 3))
+        assert events[1][2] == ("update", a.actor_id, {"name": "a2"})
+        b.disconnect()
+        await eventually(lambda: _value(len(events[0]) == 6))
+        assert events[0][4:] == [("update", a.actor_id, {"name": "a2"}), ("leave", b.actor_id, {"name": "b"})]
+        a.disconnect()
+
+    run(scenario(), timeout=60)
+
+
+def test_oversized_frame_error_carries_topic_and_msg_ref(nolag):
+    """A publish far above the limit is refused before its data is decoded, and its 42930 still
+    carries the request's ``topic`` and ``msgRef`` (read from the frame, the data skipped), so the
+    SDK can fail that publish."""
+    async def scenario():
+        client = await Client.open(nolag.urls[0], nolag.token())
+        await client.subscribe(TOPIC, qos=0)
+        # msgRef after data, as the SDK packs it: the peek has to skip the data to find it
+        await client.send({"type": "publish", "topic": TOPIC, "data": {"blob": "x" * 20_000}, "qos": 0,
+                           "echo": False, "msgRef": "big"})
+        assert error_of(await client.recv()) == {"type": "error", "error": "message_too_large", "code": 42930,
+                                                 "topic": TOPIC, "msgRef": "big", "maxSizeBytes": 4096}
+        await client.send({"type": "publish", "data": [1] * 20_000, "msgRef": 7, "topic": TOPIC})
+        assert error_of(await client.recv()) == {"type": "error", "error": "message_too_large", "code": 42930,
+                                                 "topic": TOPIC, "msgRef": 7, "maxSizeBytes": 4096}
+        # not a map, or nothing to echo: the error alone
+        await client.ws.send(msgpack.packb(["x" * 20_000]))
+        assert error_of(await client.recv()) == {"type": "error", "error": "message_too_large", "code": 42930,
+                                                 "maxSizeBytes": 4096}
+        await client.publish(TOPIC, "still served", qos=0, echo=False, msgRef="after")
+        assert await client.recv() == {"type": "published", "topic": TOPIC, "msgRef": "after"}
+        await client.close()
+
+    run(scenario())
+
+
+# -- QoS 1 is at least once: nothing unacked is skipped; the SDK (never acks) gets nothing twice -------
+
+def _nolag_stats(nolag, index: int) -> dict:
+    return ray.get(nolag.running.router.gateways[index].actor.stats.remote(), timeout=30)["dialects"]["nolag"]
+
+
+def test_qos1_messages_unacked_then_given_up_are_replayed_after_a_reconnect(nolag):
+    """A client that acks only later: its first messages wait from their first write, are
+    redelivered once it acks, given up after max_attempts (3 sends) — and still replayed from the
+    log when it comes back. Before, a given-up message left the window and the resume skipped it."""
+    topic = "chat/atleast/given-up"
+
+    async def scenario():
+        token = nolag.token()
+        sub = await Client.open(nolag.urls[0], token)
+        await sub.subscribe(topic, qos=1)
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await pub.subscribe(topic, qos=0)
+        for n in (1, 2, 3):
+            await pub.publish(topic, f"m{n}", qos=1, echo=False, msgRef=n)
+            assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": n}
+        first = [await sub.expect("message") for _ in range(3)]
+        assert [m["data"] for m in first] == ["m1", "m2", "m3"] and all(m["requiresAck"] for m in first)
+        await sub.send({"type": "ack", "msgId": first[2]["msgId"]})  # it acks, but only the third one
+        again = [await sub.expect("message") for _ in range(4)]  # sends 2 and 3 of m1 and m2
+        assert sorted(m["data"] for m in again) == ["m1", "m1", "m2", "m2"]
+        await eventually(lambda: asyncio.to_thread(lambda: _nolag_stats(nolag, 0)["unacked"] == 0), timeout=10)
+        await sub.close()  # given up, never acked
+
+        back = await Client.open(nolag.urls[1])
+        await back.send({"type": "auth", "token": token, "reconnect": True})
+        assert (await back.expect("auth"))["restoredSubscriptions"] == [topic]
+        start = await back.expect("replayStart")
+        replayed = [await back.recv() for _ in range(start["count"])]
+        assert await back.recv() == {"type": "replayEnd", "replayed": start["count"]}
+        # from just before the oldest unacked message: m1, m2 (and m3 again: at least once)
+        assert [m["data"] for m in replayed] == ["m1", "m2", "m3"]
+        assert [m["msgId"] for m in replayed[:2]] == [m["msgId"] for m in first[:2]]
+        assert all(m["isReplay"] is True and m["requiresAck"] is True for m in replayed)
+        await back.send({"type": "batchAck", "msgIds": [m["msgId"] for m in replayed]})
+        await back.quiet()
+        for client in (back, pub):
+            await client.close()
+
+    run(scenario())
+
+
+def test_qos1_first_messages_of_a_client_that_left_before_its_first_ack_come_once_it_acks(nolag):
+    """A spec-following client that had acked nothing yet when its connection dropped: the
+    reconnect replays nothing twice at first (it might be the SDK, which never acks), and as soon
+    as the new connection acks, what the old one left unacked is replayed from the log."""
+    topic = "chat/atleast/first"
+
+    async def scenario():
+        token = nolag.token()
+        sub = await Client.open(nolag.urls[0], token)
+        await sub.subscribe(topic, qos=1)
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await pub.subscribe(topic, qos=0)
+        for n in (1, 2):
+            await pub.publish(topic, f"f{n}", qos=1, echo=False, msgRef=n)
+            assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": n}
+        first = [await sub.expect("message") for _ in range(2)]
+        await sub.close()  # before it acked anything
+
+        back = await Client.open(nolag.urls[1])
+        await back.send({"type": "auth", "token": token, "reconnect": True})
+        assert (await back.expect("auth"))["restoredSubscriptions"] == [topic]
+        await back.quiet()  # no replay yet
+        await pub.publish(topic, "f3", qos=1, echo=False, msgRef=3)
+        assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": 3}
+        live = await back.expect("message")
+        assert live["data"] == "f3" and "isReplay" not in live
+        await back.send({"type": "ack", "msgId": live["msgId"]})
+        start = await back.expect("replayStart")
+        assert start["count"] == 2
+        replayed = [await back.recv() for _ in range(2)]
+        assert [(m["data"], m["msgId"], m["isReplay"]) for m in replayed] == [
+            (m["data"], m["msgId"], True) for m in first]
+        assert await back.recv() == {"type": "replayEnd", "replayed": 2}
+        await back.send({"type": "batchAck", "msgIds": [m["msgId"] for m in replayed]})
+        await back.quiet()
+        for client in (back, pub):
+            await client.close()
+
+    run(scenario())
+
+
+def test_nolag_sdk_never_acks_and_gets_no_duplicates_across_a_reconnect(nolag):
+    from nolag import NoLag, NoLagOptions
+
+    topic = "sdk/atleast/nodup"
+
+    async def scenario():
+        sdk = NoLag(nolag.token(), NoLagOptions(url=nolag.urls[0], reconnect_interval=0.2, heartbeat_interval=1))
+        await sdk.connect()
+        received: list = []
+        sdk.on(topic, lambda data, meta: received.append((data, bool(meta.is_replay))))
+        await sdk.subscribe(topic)
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await pub.subscribe(topic, qos=0)
+        for n in (1, 2):
+            await pub.publish(topic, f"s{n}", qos=1, echo=False, msgRef=n)
+            assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": n}
+        await eventually(lambda: _value(len(received) == 2))
+        reconnects: list = []
+        sdk.on("reconnect", lambda *args: reconnects.append(args))
+        dropped = await asyncio.to_thread(
+            lambda: ray.get(nolag.running.router.gateways[0].actor.close_connections.remote("nolag", 1012, "x")))
+        assert dropped >= 1
+        await eventually(lambda: _value(bool(reconnects) and sdk.connected), timeout=20)
+        await pub.publish(topic, "s3", qos=1, echo=False, msgRef=3)
+        assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": 3}
+        await eventually(lambda: _value(len(received) == 3))
+        # longer than max_attempts x ack_timeout_s: any redelivery would have come by now
+        await asyncio.sleep(3 * 0.5 + 0.5)
+        await pub.publish(topic, "marker", qos=0, echo=False, msgRef=4)
+        assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": 4}
+        await eventually(lambda: _value(len(received) == 4))
+        assert received == [("s1", False), ("s2", False), ("s3", False), ("marker", False)]
+        sdk.disconnect()
+        await pub.close()
+
+    run(scenario(), timeout=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gateways.nolag.qos import SEEN_CAP, SEEN_KEPT, QosWindow
+from gateways.nolag.qos import SEEN_CAP, QosWindow
 
 T = "chat/general/messages"
 U = "chat/general/other"
@@ -22,6 +22,13 @@ def write(qos_window: QosWindow, msg_id: str | None, qos: int, ts_ms: int, now: 
         return False
     qos_window.delivered(topic, msg_id, qos, ts_ms, f"frame:{msg_id}".encode(), sent, now)
     return True
+
+
+def due(qos_window: QosWindow, now: float) -> list[bytes]:
+    """The frames ``resend_due`` writes at ``now`` (the socket takes each one)."""
+    frames: list[bytes] = []
+    qos_window.resend_due(now, lambda frame: frames.append(frame) or True)
+    return frames
 
 
 class Item(NamedTuple):
@@ -80,7 +87,7 @@ def test_batch_ack_and_an_empty_batch_ack_turn_redelivery_on():
 def test_an_unsent_frame_is_still_tracked_but_moves_no_position():
     qos = window()
     write(qos, "m1", 1, 7, now=1.0, sent=False)
-    assert list(qos.unacked) == ["m1"] and qos.unacked["m1"].due == 6.0
+    assert list(qos.unacked) == ["m1"] and qos.unacked["m1"].due == 6.0 and qos.unacked["m1"].attempts == 0
     assert qos.positions == {}
 
 
@@ -89,7 +96,7 @@ def test_an_unsent_frame_is_still_tracked_but_moves_no_position():
 def test_nothing_is_redelivered_before_the_connection_acks():
     qos = window()
     write(qos, "m1", 1, 1, now=0.0)
-    assert qos.due(1e9) == []
+    assert due(qos, 1e9) == []
     assert list(qos.unacked) == ["m1"] and qos.unacked["m1"].attempts == 1  # nor given up
 
 
@@ -99,33 +106,34 @@ def test_redelivery_backoff_then_give_up_after_max_attempts():
     write(qos, "m1", 1, 1, now=100.0)
     resent = []
     for now in (104.999, 105.0, 114.999, 115.0, 134.999, 135.0, 174.999, 175.0, 254.999):
-        frames = qos.due(now)
+        frames = due(qos, now)
         resent.extend((now, frame) for frame in frames)
     assert resent == [(105.0, b"frame:m1"), (115.0, b"frame:m1"), (135.0, b"frame:m1"), (175.0, b"frame:m1")]
     assert qos.unacked["m1"].attempts == 5 and qos.unacked["m1"].due == 255.0
-    assert qos.due(255.0) == []  # the fifth send was the last: given up
+    assert due(qos, 255.0) == []  # the fifth send was the last: given up
     assert list(qos.unacked) == []
-    assert qos.due(1e9) == []
+    assert qos.floors() == {T: 0}  # but not skipped: a reconnect replays it from the log
+    assert due(qos, 1e9) == []
 
 
 def test_backoff_counts_from_the_actual_resend_and_other_settings():
     qos = window(ack_timeout_s=1.0, ack_backoff=3.0, max_attempts=3)
     qos.acked()
     write(qos, "m", 1, 1, now=0.0)
-    assert qos.due(2.5) == [b"frame:m"]  # late tick: the next one is 1 x 3 s after 2.5
+    assert due(qos, 2.5) == [b"frame:m"]  # late tick: the next one is 1 x 3 s after 2.5
     assert qos.unacked["m"].due == 5.5
-    assert qos.due(5.499) == []
-    assert qos.due(5.5) == [b"frame:m"]
+    assert due(qos, 5.499) == []
+    assert due(qos, 5.5) == [b"frame:m"]
     assert qos.unacked["m"].due == 5.5 + 9.0 and qos.unacked["m"].attempts == 3
-    assert qos.due(14.5) == [] and list(qos.unacked) == []
+    assert due(qos, 14.5) == [] and list(qos.unacked) == []
 
 
 def test_max_attempts_one_gives_up_without_resending():
     qos = window(max_attempts=1)
     qos.acked()
     write(qos, "m", 1, 1, now=0.0)
-    assert qos.due(4.999) == [] and list(qos.unacked) == ["m"]
-    assert qos.due(5.0) == [] and list(qos.unacked) == []
+    assert due(qos, 4.999) == [] and list(qos.unacked) == ["m"]
+    assert due(qos, 5.0) == [] and list(qos.unacked) == []
 
 
 def test_an_ack_stops_redelivery():
@@ -134,7 +142,7 @@ def test_an_ack_stops_redelivery():
     write(qos, "m1", 1, 1, now=0.0)
     write(qos, "m2", 1, 2, now=1.0)
     qos.acked("m1")
-    assert qos.due(10.0) == [b"frame:m2"]
+    assert due(qos, 10.0) == [b"frame:m2"]
 
 
 def test_qos2_is_never_resent_nor_given_up():
@@ -142,7 +150,7 @@ def test_qos2_is_never_resent_nor_given_up():
     qos.acked()
     write(qos, "q", 2, 1, now=0.0)
     write(qos, "one", 1, 2, now=0.0)
-    assert qos.due(1e9) == []  # the QoS 1 one is given up (max_attempts 1), the QoS 2 one waits
+    assert due(qos, 1e9) == []  # the QoS 1 one is given up (max_attempts 1), the QoS 2 one waits
     assert list(qos.unacked) == ["q"] and qos.unacked["q"].attempts == 1
     qos.acked("q")
     assert list(qos.unacked) == []
@@ -154,9 +162,9 @@ def test_redeliveries_come_oldest_written_first():
     write(qos, "a", 1, 1, now=0.0)
     write(qos, "b", 1, 2, now=1.0)
     write(qos, "c", 1, 3, now=2.0)
-    assert qos.due(6.0) == [b"frame:a", b"frame:b"]  # c is due at 7
+    assert due(qos, 6.0) == [b"frame:a", b"frame:b"]  # c is due at 7
     # a is next due at 16, b at 16, c at 7: at 20 all three, still in the order they were written
-    assert qos.due(20.0) == [b"frame:a", b"frame:b", b"frame:c"]
+    assert due(qos, 20.0) == [b"frame:a", b"frame:b", b"frame:c"]
 
 
 # -- max_unacked --------------------------------------------------------------------------------
@@ -172,8 +180,10 @@ def test_max_unacked_evicts_the_oldest():
     assert list(qos.unacked) == ["m2", "m3"]
     assert qos.deliverable("m0", 1) is True  # dropped: no longer held back
     assert qos.deliverable("m1", 2) is False  # the QoS 2 one was written: still never twice
-    assert qos.due(100.0) == [b"frame:m2", b"frame:m3"]
+    assert due(qos, 100.0) == [b"frame:m2", b"frame:m3"]
     assert len(qos.unacked) == 2
+    # m0 left the window unacked: a reconnect still replays it (its floor is pinned below it)
+    assert qos.pinned == {T: 0} and qos.floors() == {T: 0}
 
 
 # -- QoS 2: never twice -------------------------------------------------------------------------
@@ -198,21 +208,13 @@ def test_qos2_not_taken_by_the_socket_is_not_seen():
 
 
 def test_seen_qos2_is_capped_at_10000_oldest_dropped():
-    assert SEEN_CAP == 10_000 and SEEN_KEPT == 1000
+    assert SEEN_CAP == 10_000
     qos = window(max_unacked=1)
     for index in range(10_001):
         write(qos, f"q{index}", 2, index + 1)
     assert len(qos.seen_qos2) == 10_000
     assert next(iter(qos.seen_qos2)) == "q1"
     assert qos.deliverable("q0", 2) is True and qos.deliverable("q1", 2) is False
-    assert qos.kept_seen() == [f"q{index}" for index in range(9001, 10_001)]
-
-
-def test_kept_seen_is_everything_below_1000():
-    qos = window()
-    qos.restore(["r1", "r2"])
-    write(qos, "q", 2, 1)
-    assert qos.kept_seen() == ["r1", "r2", "q"]
 
 
 # -- positions and resume -----------------------------------------------------------------------
@@ -248,18 +250,18 @@ def test_resume_without_acks_is_the_positions():
     assert qos.positions == {T: 20}
 
 
-def test_resume_with_acks_is_just_before_the_oldest_unacked():
+def test_floors_are_just_before_the_oldest_unacked_with_or_without_acks():
     qos = window()
-    qos.acked()
     write(qos, "a", 1, 10)
     write(qos, "b", 1, 20)
-    write(qos, "c", 2, 7, topic=U)
+    write(qos, "c", 2, 7, topic=U)  # QoS 2, written: never written again, so it holds no floor
     write(qos, "d", 0, 30, topic=U)
-    assert qos.resume() == {T: 9, U: 6}
+    assert qos.floors() == {T: 9, U: 30}
+    assert qos.resume() == {T: 20, U: 30}  # the positions: the last written
     qos.acked("a")
-    assert qos.resume() == {T: 19, U: 6}
+    assert qos.floors() == {T: 19, U: 30}
     qos.acked("b", "c")
-    assert qos.resume() == {T: 20, U: 30}
+    assert qos.floors() == {T: 20, U: 30}
 
 
 def test_resume_ignores_unacked_of_topics_without_a_position():
@@ -268,9 +270,9 @@ def test_resume_ignores_unacked_of_topics_without_a_position():
     write(qos, "a", 1, 10)
     write(qos, "u", 1, 4, topic=U, sent=False)  # never written: U has no position
     qos.left(T)
-    assert qos.resume() == {}
+    assert qos.floors() == {}
     write(qos, None, 0, 2, topic=U)
-    assert qos.resume() == {U: 2}  # 3 (just before u) is not below 2
+    assert qos.floors() == {U: 2}  # 3 (just before u) is not below 2
 
 
 # -- reconnect: restore, then replay ------------------------------------------------------------

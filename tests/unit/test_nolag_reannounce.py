@@ -1,0 +1,143 @@
+"""A NoLag topic shard that Ray restarted, re-announced to (no Ray: shards built directly over one
+data directory, as Ray would start the new incarnation).
+
+- A subscription re-announced with the last message its connection got is caught up with what
+  this incarnation logged after it (published before the re-announce arrived): filters apply, the
+  connection's own ``echo: false`` messages are left out, a load-balance group catches up once.
+- Presence comes back quietly (no join, no lobby event); the next change is an ``update``.
+- Stamps go on increasing per topic across the restart.
+- Actors present in a room hear its presence events like its subscribers (the SDK's rooms).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.nolag import contract as nolag
+from actors.nolag.contract import LobbyChange, LobbySpec, PresenceChange, room_key, topic_key
+from actors.nolag.shard import NolagTopics
+from actors.shard import Shard
+from router import contract
+from router.settings import load_settings
+from router.shardmap import TOPIC
+
+TOPIC_NAME = "app/room/t"
+KEY = topic_key("p", TOPIC_NAME)
+ROOM = room_key("p", "room")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_800_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(contract, "now_ms", clock)
+    return clock
+
+
+def build(tmp_path) -> Shard:
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False}, shards={"topic": 1})
+    return Shard(TOPIC, 0, settings, (NolagTopics,))
+
+
+def publish(data: bytes, msg_id: str | None, filter_: str | None = None, exclude: int | None = None,
+            qos: int = 1) -> tuple:
+    return nolag.publish(KEY, TOPIC_NAME, data, qos, filter_, exclude, msg_id, "actor_p")
+
+
+def deliveries(bundle: tuple | None) -> list[tuple]:
+    """(gateway's connection ids, payload) of each delivery in a bundle."""
+    return [] if bundle is None else [(connections, payload) for _, payload, connections, _ in bundle[3]]
+
+
+def messages(bundle: tuple | None) -> list[tuple]:
+    return [(connections, payload[1], payload[2]) for connections, payload in deliveries(bundle)
+            if type(payload) is tuple]
+
+
+def test_a_reannounced_subscription_gets_what_this_incarnation_logged_after_its_position(tmp_path, clock):
+    old = build(tmp_path)
+    old.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None)])
+    _, bundle = old.handle("g", [publish(b"old", "m0")])
+    position = deliveries(bundle)[0][1][5]  # its stamp: the last message connection 1 got
+    old.handle("g", [publish(b"lost", "m1")])  # logged by the old incarnation after it: not caught up
+    clock.ms += 2000
+    new = build(tmp_path)  # restarted, empty
+    _, bundle = new.handle("g", [publish(b"a", "m2"), publish(b"q0", None, qos=0), publish(b"b", "m3", "vip"),
+                                 publish(b"own", "m4", exclude=1), publish(b"other-gw", "m5")])
+    assert bundle is None  # nobody subscribed yet
+    results, bundle = new.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None, position)])
+    assert messages(bundle) == [([1], b"a", "m2"), ([1], b"b", "m3"), ([1], b"other-gw", "m5")]
+    assert results[0] >= clock.ms  # the topic's position: after everything stamped
+    _, bundle = new.handle("g2", [nolag.subscribe(KEY, 7, "actor_f", ("vip",), 1, None, position)])
+    assert messages(bundle) == [([7], b"b", "m3")]  # filters apply
+    _, bundle = new.handle("g", [nolag.subscribe(KEY, 2, "actor_t", (), 1, None)])
+    assert bundle is None  # a fresh subscribe (not a re-announce) gets nothing from the log
+
+
+def test_the_same_batch_and_a_later_position_are_respected(tmp_path, clock):
+    shard = build(tmp_path)
+    _, bundle = shard.handle("g", [publish(b"x", "m1"), publish(b"y", "m2"), nolag.subscribe(KEY, 1, "a", (), 1, None,
+                                                                                              clock.ms)])
+    assert messages(bundle) == [([1], b"y", "m2")]  # m1 (stamped at clock.ms) is at the position, m2 after
+
+
+def test_a_load_balance_group_catches_up_once(tmp_path, clock):
+    shard = build(tmp_path)
+    shard.handle("g", [publish(b"x", "m1")])
+    _, bundle = shard.handle("g", [nolag.subscribe(KEY, 1, "a", (), 1, "pool", 0),
+                                   nolag.subscribe(KEY, 2, "b", (), 1, "pool", 0)])
+    assert messages(bundle) == [([1], b"x", "m1")]
+
+
+def test_stamps_go_on_increasing_across_a_restart(tmp_path, clock):
+    old = build(tmp_path)
+    _, bundle = old.handle("g", [nolag.subscribe(KEY, 1, "a", (), 1, None)] + [publish(b"x", f"m{n}")
+                                                                             for n in range(50)])
+    last = deliveries(bundle)[-1][1][5]
+    assert last == clock.ms + 49  # a burst runs ahead of the clock
+    new = build(tmp_path)
+    _, bundle = new.handle("g", [nolag.subscribe(KEY, 1, "a", (), 1, None), publish(b"y", "n1")])
+    assert deliveries(bundle)[-1][1][5] == last + 1
+
+
+def test_presence_comes_back_quietly_and_the_next_change_is_an_update(tmp_path, clock):
+    old = build(tmp_path)
+    old.handle("g", [nolag.room(ROOM, 9, True), nolag.presence(ROOM, 1, "actor_a", {"s": 1}, 1000)])
+    new = build(tmp_path)
+    spec = LobbySpec("p", None, "ro")
+    results, bundle = new.handle("g", [nolag.room(ROOM, 9, True), nolag.lobby_subscribe("L", spec, 8, True),
+                                       nolag.presence_restore(ROOM, 1, "actor_a", {"s": 1}, 1000)])
+    assert results[2] is True and bundle is None  # no event for anyone
+    assert new.handle("g", [nolag.presence_list(ROOM)])[0] == [[{"actorTokenId": "actor_a", "presence": {"s": 1},
+                                                                  "joinedAt": 1000}]]
+    results, bundle = new.handle("g", [nolag.presence(ROOM, 1, "actor_a", {"s": 2}, 5000)])
+    assert results == [1000]  # the joinedAt it had
+    assert [(sorted(c), p) for c, p in deliveries(bundle)] == [
+        ([1, 9], PresenceChange("room", "update", "actor_a", {"s": 2}, 1000)),
+        ([8], LobbyChange("L", "room", "update", "actor_a", {"s": 2}))]
+
+
+def test_a_restore_keeps_join_order_and_an_entry_already_back(tmp_path, clock):
+    shard = build(tmp_path)
+    assert shard.handle("g", [nolag.presence_restore(ROOM, 2, "actor_b", "b", 2000),
+                              nolag.presence_restore(ROOM, 1, "actor_a", "a", 1000),
+                              nolag.presence_restore(ROOM, 3, "actor_a", "a2", 1500)])[0] == [True, True, False]
+    listed = shard.handle("g", [nolag.presence_list(ROOM)])[0][0]
+    assert [(e["actorTokenId"], e["presence"]) for e in listed] == [("actor_a", "a"), ("actor_b", "b")]
+    results, _ = shard.handle("g", [nolag.presence(ROOM, 4, "actor_c", None, 1)])
+    assert results == [None]  # not present: nothing to clear
+
+
+def test_actors_present_in_a_room_hear_its_events_without_subscribing(tmp_path, clock):
+    shard = build(tmp_path)
+    shard.handle("g", [nolag.presence(ROOM, 1, "actor_a", "a", 1000)])
+    _, bundle = shard.handle("g", [nolag.presence(ROOM, 2, "actor_b", "b", 2000)])
+    assert [(sorted(c), p.event, p.actor) for c, p in deliveries(bundle)] == [([1, 2], "join", "actor_b"),
+                                                                           ([1, 2], "update", "actor_b")]
