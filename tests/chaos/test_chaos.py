@@ -11,7 +11,8 @@ message reaches every old subscriber with no client action; must be < 5 s) and c
   a publish reaches every subscriber;
 - Cashu: every state pushed (200 OK) reaches the subscriber, the last one last;
 - mx: every block the node got an ACK for reaches every consumer (events in order, at least once);
-- Baqend: every write (201) shows in the live query's result, as one ``add``, never a second result.
+- Baqend: every write (201) shows in the live query's result, as one ``add``, never a second result;
+- NoLag: every QoS 1 message confirmed (``published``) reaches the subscriber (which acks), at least once.
 
 The figures are printed at the end (``pytest -s``) and reported in the README.
 """
@@ -23,6 +24,7 @@ import os
 import signal
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,12 +33,14 @@ import ray
 from gateways.cashu.feed import FeedError
 from gateways.mx import codec as mx_codec
 from gateways.mx import generator, node
+from actors.nolag.keys import KeyStore
 from router.shardmap import GATEWAY_PREFIX
 from tests.e2e.baqend_client import Events, Rest, brief, key_of
 from tests.e2e.cashu_client import API_KEY, Wallet, push
 from tests.e2e.client import HubClient
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.mx_client import Consumer, Node
+from tests.e2e.nolag_client import Client as NoLagClient
 from tests.e2e.test_cli import READY_URL, ROUTER, Served
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +73,7 @@ def routers(ray_runtime, tmp_path_factory):
     except BaseException:
         creator.kill()
         raise
-    yield creator, joiner
+    yield creator, joiner, data_dir
     creator.kill()
     joiner.router.stop()
 
@@ -81,8 +85,9 @@ def urls(running: RunningRouter, path: str) -> list[str]:
 class Traffic:
     """Every dialect's long-lived clients and what each has been sent and has received."""
 
-    def __init__(self, joiner: RunningRouter) -> None:
+    def __init__(self, joiner: RunningRouter, data_dir: Path) -> None:
         self.joiner = joiner
+        self.data_dir = data_dir
         base = urls(joiner, "")[0]
         self.signal_url = base + "/signal"
         self.http_url = "http://" + base.removeprefix("ws://")
@@ -90,6 +95,8 @@ class Traffic:
         self.hub_url = base + "/hub/ws"
         self.save_url = base + "/save"
         self.events_url = base + "/v1/events"
+        self.nolag_url = base + "/ws"
+        self.published = 0
         self.written: list[str] = []
         self.y = "03" + os.urandom(32).hex()
         self.pushed = 0
@@ -122,6 +129,11 @@ class Traffic:
         self.node = await Node.open(self.save_url)
         self.rest = Rest(self.http_url + "/v1")
         await self.rest.__aenter__()
+        keys = KeyStore(self.data_dir / "keys.sqlite3")
+        self.subscriber = await NoLagClient.open(self.nolag_url, keys.create("chaos")[0])
+        await self.subscriber.subscribe("chaos/room/nolag", qos=1)
+        self.publisher = await NoLagClient.open(self.nolag_url, keys.create("chaos")[0])
+        await self.publisher.subscribe("chaos/room/nolag", qos=0)  # NoLag publishes to topics one joined
         self.live = await Events.open(self.events_url)
         await self.live.subscribe("chaos", "Chaos", query={"n": {"$gte": 0}}, initial=True)
         assert await self.live.result("chaos") == []
@@ -130,7 +142,7 @@ class Traffic:
 
     async def round(self, name: str, killed_at: float) -> None:
         await asyncio.gather(self._signal(name, killed_at), self._cashu(name, killed_at), self._mx(name, killed_at),
-                             self._baqend(name, killed_at))
+                             self._baqend(name, killed_at), self._nolag(name, killed_at))
 
     def _healed(self, dialect: str, killed_at: float) -> None:
         took = time.monotonic() - killed_at
@@ -217,6 +229,25 @@ class Traffic:
             assert key_of(frame["data"]) in self.written, frame  # an earlier write, seen again
         self._healed("baqend", killed_at)
 
+    async def _nolag(self, name: str, killed_at: float) -> None:
+        self.published += 1
+        data, ref = {"n": self.published, "round": name}, f"m{self.published}"
+        while True:  # QoS 1: confirmed means stored in the log; one that met the dying shard is refused
+            await self.publisher.publish("chaos/room/nolag", data, msgRef=ref, echo=False, qos=1)
+            reply = await self.publisher.recv(timeout=30)
+            if reply == {"type": "published", "topic": "chaos/room/nolag", "msgRef": ref}:
+                break
+            assert reply["type"] == "error" and reply["error"] == "internal_error", reply
+        while True:
+            message = await self.subscriber.recv()
+            assert message["type"] == "message" and message["topic"] == "chaos/room/nolag", message
+            if message.get("requiresAck"):
+                await self.subscriber.send({"type": "ack", "msgId": message["msgId"]})
+            if message["data"] == data:
+                break
+            assert message["data"]["n"] < self.published, message  # an earlier one, delivered again
+        self._healed("nolag", killed_at)
+
     async def close(self) -> None:
         await self.rest.__aexit__(None, None, None)
 
@@ -229,8 +260,8 @@ def _kill_shard(kind: str, index: int) -> float:
 
 
 def test_every_kill_heals_in_under_5s_and_nothing_acknowledged_is_lost(routers):
-    creator, joiner = routers
-    traffic = Traffic(joiner)
+    creator, joiner, data_dir = routers
+    traffic = Traffic(joiner, data_dir)
 
     async def scenario() -> None:
         await traffic.open()
