@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.e2e.baqend_client import Events, Rest, brief, key_of
 from tests.e2e.cashu_client import API_KEY, Wallet, push
 from tests.e2e.client import HubClient
 from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.kills import HEAL_LIMIT_S, kill_shard
 from tests.e2e.mx_client import Consumer, Node
 from tests.e2e.nolag_client import Client as NoLagClient
 from tests.e2e.test_cli import READY_URL, ROUTER, Served
@@ -46,7 +46,6 @@ from tests.e2e.test_cli import READY_URL, ROUTER, Served
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "chaos"
-HEAL_LIMIT_S = 5.0
 SHARDS = {"session": 1, "topic": 2, "registry": 2, "document": 1, "query": 1}
 SETTINGS = dict(namespace=NAMESPACE, ray_dashboard=False, shards=SHARDS, cashu={"state_api_key": API_KEY},
                 baqend={"enabled": True})
@@ -252,13 +251,6 @@ class Traffic:
         await self.rest.__aexit__(None, None, None)
 
 
-def _kill_shard(kind: str, index: int) -> float:
-    shard = ray.get_actor(f"{kind}-shard-{index}", namespace=NAMESPACE)
-    pid = ray.get(shard.info.remote(), timeout=30)["pid"]
-    os.kill(pid, signal.SIGKILL)
-    return time.monotonic()
-
-
 def test_every_kill_heals_in_under_5s_and_nothing_acknowledged_is_lost(routers):
     creator, joiner, data_dir = routers
     traffic = Traffic(joiner, data_dir)
@@ -273,7 +265,7 @@ def test_every_kill_heals_in_under_5s_and_nothing_acknowledged_is_lost(routers):
         stranded = await _register(creator_url, "chaos/stranded")
         for kind, count in SHARDS.items():
             for index in range(count):
-                await traffic.round(f"{kind}{index}", _kill_shard(kind, index))
+                await traffic.round(f"{kind}{index}", kill_shard(joiner.router, kind, index)[0])
         # A gateway of the joiner (the clients are on the other one): its supervisor replaces it.
         victim = joiner.router.gateways[1]
         ray.kill(victim.actor, no_restart=True)

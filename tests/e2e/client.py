@@ -72,7 +72,7 @@ def run(coroutine: Any, timeout: float = 60) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, timeout))
 
 
-async def eventually(probe: Any, timeout: float = 10, interval: float = 0.05) -> Any:
+async def eventually(probe: Any, timeout: float = 10, interval: float = 0.05, what: str = "condition") -> Any:
     """Await ``probe()`` until it returns a truthy value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -80,5 +80,5 @@ async def eventually(probe: Any, timeout: float = 10, interval: float = 0.05) ->
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+            raise AssertionError(f"{what} not met within {timeout}s (last value {value!r})")
         await asyncio.sleep(interval)

@@ -31,14 +31,12 @@ from router.shardmap import shard_index
 from tests.e2e.baqend_client import Events, Rest, brief, key_of
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.kills import HealingTimes, kill_shard, shard_info, threads_stopped
+from tests.e2e.test_baqend import SCHEMA, urls
 
 pytestmark = pytest.mark.e2e
 
-HEAL_LIMIT_S = 5.0
-HEALING_TIMES: dict[str, float] = {}  # printed at the end of the module
-SCHEMA = [{"class": "/db/Todo", "fields": {"name": {"name": "name", "type": "/db/String"},
-                                           "n": {"name": "n", "type": "/db/Integer"},
-                                           "on": {"name": "on", "type": "/db/Boolean"}}}]
+HEALING = HealingTimes()  # printed at the end of the module
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +51,7 @@ def healing(ray_runtime, tmp_path_factory) -> RunningRouter:
     )
     yield running
     running.router.stop()
-    print("\nbaqend healing times (s):", {name: round(value, 3) for name, value in HEALING_TIMES.items()})
-
-
-def urls(running: RunningRouter) -> list[tuple[str, str]]:
-    """(events url, REST base) of each gateway."""
-    out = []
-    for gateway in running.router.endpoints():
-        port = gateway["listeners"][0]["port"]
-        out.append((f"ws://127.0.0.1:{port}/v1/events", f"http://127.0.0.1:{port}/v1"))
-    return out
+    HEALING.report("Baqend")
 
 
 _buckets = itertools.count(1)
@@ -85,24 +74,6 @@ def spread_bucket(running: RunningRouter, keys: list[str]) -> str:
             return bucket
 
 
-def shard_info(running: RunningRouter, kind: str, index: int = 0) -> dict[str, Any]:
-    return ray.get(running.router.shards[kind][index].info.remote(), timeout=30)
-
-
-def kill_shard(running: RunningRouter, kind: str, index: int = 0) -> tuple[float, str]:
-    """SIGKILL shard ``index`` of ``kind``; returns when it was killed and the epoch it had."""
-    info = shard_info(running, kind, index)
-    os.kill(info["pid"], signal.SIGKILL)
-    return time.monotonic(), info["epoch"]
-
-
-def healed(name: str, killed_at: float) -> float:
-    took = time.monotonic() - killed_at
-    HEALING_TIMES[name] = took
-    assert took < HEAL_LIMIT_S, f"{name} took {took:.2f}s to heal"
-    return took
-
-
 def resynced(running: RunningRouter) -> list[int]:
     """How many live queries each gateway registered again after a restart."""
     return [ray.get(record.actor.stats.remote(), timeout=30)["dialects"]["baqend"]["resynced"]
@@ -112,7 +83,7 @@ def resynced(running: RunningRouter) -> list[int]:
 async def all_loaded(running: RunningRouter, queries: int) -> None:
     """The query shard holds ``queries`` live queries, none still reading pages."""
     async def loaded():
-        info = await asyncio.to_thread(shard_info, running, "query")
+        info = await asyncio.to_thread(shard_info, running.router, "query")
         return info["queries"] == queries and info["loading"] == 0
 
     await eventually(loaded, timeout=15)
@@ -197,7 +168,7 @@ def test_a_restarted_query_shard_sends_each_live_query_exactly_what_changed_whil
             stored = await setup(rest, bucket)
             await subscribe_all(healing, bucket, clients)
             before = resynced(healing)
-            killed_at, epoch = kill_shard(healing, "query")
+            killed_at, epoch = kill_shard(healing.router, "query")
             # While it is down and restarting: no live query hears of these writes until it heals.
             d35, _, d60, d20 = await asyncio.gather(
                 rest.insert(bucket, "d35", n=35, on=True, name="d35"), rest.delete(bucket, "d50"),
@@ -232,23 +203,11 @@ def test_a_restarted_query_shard_sends_each_live_query_exactly_what_changed_whil
                 assert await received(client, 4) == {
                     "plain": [("change", "update", "d40", None)], "window": [("change", "update", "d40", 1)],
                     "stream": [("change", "update", "d40", None)], "matches": [("match", "update", "d40", 1)]}
-            healed("query shard", killed_at)
-            assert shard_info(healing, "query")["epoch"] != epoch
+            HEALING.healed("query shard", killed_at)
+            assert shard_info(healing.router, "query")["epoch"] != epoch
             assert resynced(healing) == [count + len(SUBSCRIPTIONS) for count in before]
 
     with_clients(scenario)
-
-
-def _threads_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped (SIGSTOP stops the others only once one runs)."""
-    states = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                states.append(stat.read().split(")")[-1].split()[0])
-        except OSError:
-            continue  # a thread that ended meanwhile
-    return all(state == "T" for state in states)
 
 
 def test_a_write_made_while_the_query_shard_waits_for_another_gateway_reaches_the_queries_registered_again(
@@ -274,20 +233,20 @@ def test_a_write_made_while_the_query_shard_waits_for_another_gateway_reaches_th
                                                timeout=30))["pid"]
 
             def pages_read() -> int:
-                return sum(shard_info(healing, "document", index)["scan_pages"]
+                return sum(shard_info(healing.router, "document", index)["scan_pages"]
                            for index in range(len(healing.router.shards["document"])))
 
             before = pages_read()
             os.kill(stopped, signal.SIGSTOP)
             try:
-                await eventually(lambda: asyncio.to_thread(_threads_stopped, stopped), timeout=10)
-                kill_shard(healing, "query")
+                await eventually(lambda: asyncio.to_thread(threads_stopped, stopped), timeout=10)
+                kill_shard(healing.router, "query")
 
                 async def registered_again():  # the first gateway's query read a page of each shard
                     return await asyncio.to_thread(pages_read) >= before + len(healing.router.shards["document"])
 
                 await eventually(registered_again, timeout=15)
-                assert (await asyncio.to_thread(shard_info, healing, "query"))["healing"]  # still waiting
+                assert (await asyncio.to_thread(shard_info, healing.router, "query"))["healing"]  # still waiting
                 await rest.insert(bucket, "late", n=1, on=True)
             finally:
                 os.kill(stopped, signal.SIGCONT)
@@ -311,7 +270,7 @@ def test_a_query_registering_when_its_query_shard_dies_starts_over_and_gets_one_
             await all_loaded(healing, 0)
             client = await Events.open(events_url)
             clients.append(client)
-            pid = shard_info(healing, "query")["pid"]
+            pid = shard_info(healing.router, "query")["pid"]
             gateway = healing.router.gateways[0].actor
 
             async def batches_sent() -> int:
@@ -320,7 +279,7 @@ def test_a_query_registering_when_its_query_shard_dies_starts_over_and_gets_one_
 
             os.kill(pid, signal.SIGSTOP)  # the registration waits in it
             try:
-                await eventually(lambda: asyncio.to_thread(_threads_stopped, pid), timeout=10)
+                await eventually(lambda: asyncio.to_thread(threads_stopped, pid), timeout=10)
                 sent = await batches_sent()
                 await client.subscribe("late", bucket, sort={"n": 1}, limit=2, initial=True)
 
@@ -356,7 +315,7 @@ def test_a_restarted_document_shard_keeps_acknowledged_writes_and_live_queries_s
             acknowledged = await rest.set(bucket, "d70", name="acknowledged")
             await subscribe_all(healing, bucket, clients)
             before = resynced(healing)
-            killed_at, epoch = kill_shard(healing, "document", victim)
+            killed_at, epoch = kill_shard(healing.router, "document", victim)
             # While it is down and restarting: a new document on it and one on another shard, then
             # a change on the dead one, none of them in the window (past its limit), each seen
             # before the next is made.
@@ -376,8 +335,8 @@ def test_a_restarted_document_shard_keeps_acknowledged_writes_and_live_queries_s
                 assert await received(client, 4) == {
                     "plain": [("change", "update", "d40", None)], "window": [("change", "update", "d40", 1)],
                     "stream": [("change", "update", "d40", None)], "matches": [("match", "update", "d40", 1)]}
-            healed("document shard", killed_at)
-            assert shard_info(healing, "document", victim)["epoch"] != epoch
+            HEALING.healed("document shard", killed_at)
+            assert shard_info(healing.router, "document", victim)["epoch"] != epoch
             # every live query was registered again (writes the shard stored in the instant it
             # died may not have reached them), and that sent nothing the writes did not
             assert resynced(healing) == [count + len(SUBSCRIPTIONS) for count in before]
@@ -432,7 +391,7 @@ def test_the_baqend_sdk_streams_heal_without_resubscribing(healing):
                 assert (await line("subscribed"))["step"] == "subscribed"
                 assert (await line("result"))["result"] == [f"{t[20]}:20", f"{t[30]}:30", f"{t[40]}:40"]
                 await all_loaded(healing, 2)
-                killed_at, _ = kill_shard(healing, "query")
+                killed_at, _ = kill_shard(healing.router, "query")
                 await asyncio.gather(rest.insert("Todo", t[25], n=25, on=True, name=t[25]), rest.delete("Todo", t[30]),
                                      rest.set("Todo", t[40], on=False))
                 events = [await line("event") for _ in range(3)]
@@ -446,7 +405,7 @@ def test_the_baqend_sdk_streams_heal_without_resubscribing(healing):
                 event = await line("event")
                 assert (event["matchType"], event["operation"], event["key"]) == ("change", "update", t[50])
                 assert (await line("result"))["result"] == [f"{t[20]}:20", f"{t[25]}:25", f"{t[50]}:50"]
-                healed("query shard, baqend SDK", killed_at)
+                HEALING.healed("query shard, baqend SDK", killed_at)
                 assert [entry["step"] for entry in lines].count("subscribed") == 1
             finally:
                 node.stdin.close()

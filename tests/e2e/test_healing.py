@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import time
-from typing import Any
 
 import pytest
 import ray
@@ -21,16 +18,15 @@ import ray
 from gateways.cashu import codec as cashu_codec
 from gateways.cashu.feed import FeedError
 from gateways.mx import codec, generator, node
-from router.shardmap import shard_index
 from tests.e2e.cashu_client import API_KEY, Wallet, push
-from tests.e2e.client import HubClient, run
+from tests.e2e.client import HubClient, eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.kills import HealingTimes, kill_shard, owner, shard_info
 from tests.e2e.mx_client import Consumer, Node
 
 pytestmark = pytest.mark.e2e
 
-HEAL_LIMIT_S = 5.0
-HEALING_TIMES: dict[str, float] = {}  # printed at the end of the module (the note reports them)
+HEALING = HealingTimes()  # printed at the end of the module (the note reports them)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +39,7 @@ def healing(ray_runtime, tmp_path_factory) -> RunningRouter:
     )
     yield running
     running.router.stop()
-    print("\nhealing times (s):", {name: round(value, 3) for name, value in HEALING_TIMES.items()})
+    HEALING.report("Signal Hub, Cashu, mx")
 
 
 def main_port_urls(running: RunningRouter, path: str) -> list[str]:
@@ -52,39 +48,6 @@ def main_port_urls(running: RunningRouter, path: str) -> list[str]:
 
 def http_urls(running: RunningRouter) -> list[str]:
     return [f"http://127.0.0.1:{gateway['listeners'][0]['port']}" for gateway in running.router.endpoints()]
-
-
-def kill_shard(running: RunningRouter, kind: str, index: int) -> tuple[float, str]:
-    """SIGKILL shard ``index`` of ``kind``; returns when it was killed and the epoch it had."""
-    shard = running.router.shards[kind][index]
-    info = ray.get(shard.info.remote(), timeout=30)
-    os.kill(info["pid"], signal.SIGKILL)
-    return time.monotonic(), info["epoch"]
-
-
-def owner(running: RunningRouter, kind: str, key: str) -> int:
-    return shard_index(key, len(running.router.shards[kind]))
-
-
-def shard_info(running: RunningRouter, kind: str, index: int) -> dict[str, Any]:
-    return ray.get(running.router.shards[kind][index].info.remote(), timeout=30)
-
-
-async def until(probe: Any, timeout: float = 15) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "not healed in time"
-        await asyncio.sleep(0.02)
-
-
-def healed(name: str, killed_at: float) -> float:
-    took = time.monotonic() - killed_at
-    HEALING_TIMES[name] = took
-    assert took < HEAL_LIMIT_S, f"{name} took {took:.2f}s to heal"
-    return took
 
 
 # -- Signal Hub ----------------------------------------------------------------------------------
@@ -99,16 +62,16 @@ def test_signal_registrations_keep_token_version_and_ttl_across_a_registry_resta
         registered = await a.request("hub:register", {"actorAddress": "heal/a", "ttl": 60_000,
                                                       "capabilities": ["chat"], "metadata": {"v": 1}})
         before = await b.request("hub:discover", {"pattern": "^heal/a$"})
-        index = owner(healing, "registry", "heal/a")
-        killed_at, epoch = kill_shard(healing, "registry", index)
+        index = owner(healing.router, "registry", "heal/a")
+        killed_at, epoch = kill_shard(healing.router, "registry", index)
 
         async def found():
             reply = await b.request("hub:discover", {"pattern": "^heal/a$"})
             return reply["type"] == "hub:discovery_result" and reply["payload"]["totalMatches"] == 1 and reply
 
-        after = await until(found)
-        healed("signal registry", killed_at)
-        assert shard_info(healing, "registry", index)["epoch"] != epoch
+        after = await eventually(found, timeout=15, interval=0.02)
+        HEALING.healed("signal registry", killed_at)
+        assert shard_info(healing.router, "registry", index)["epoch"] != epoch
         assert after["payload"]["actors"] == before["payload"]["actors"]  # same registeredAt, metadata
         await b.send("hub:send", {"after": "restart"}, to="heal/a")
         assert (await a.recv())["payload"] == {"after": "restart"}
@@ -130,8 +93,8 @@ def test_signal_subscriptions_come_back_and_the_next_publish_reaches_them(healin
         for subscriber in (near, far):
             assert (await subscriber.request("hub:subscribe", {"topic": "heal/news"}))["type"] == "hub:subscribed"
         publisher = await HubClient.open(a_url, "heal/publisher")
-        index = owner(healing, "topic", "signal/heal/news")
-        killed_at, _ = kill_shard(healing, "topic", index)
+        index = owner(healing.router, "topic", "signal/heal/news")
+        killed_at, _ = kill_shard(healing.router, "topic", index)
         reply = await publisher.request("hub:publish", {"topic": "heal/news", "message": "after"})
         while reply["type"] != "hub:delivery_ack":  # it may have met the dying process
             reply = await publisher.request("hub:publish", {"topic": "heal/news", "message": "after"})
@@ -139,7 +102,7 @@ def test_signal_subscriptions_come_back_and_the_next_publish_reaches_them(healin
         for subscriber in (near, far):
             message = await subscriber.recv()
             assert (message["type"], message["payload"]) == ("hub:publish", {"topic": "heal/news", "message": "after"})
-        healed("signal topic", killed_at)
+        HEALING.healed("signal topic", killed_at)
         for client in (near, far, publisher):
             await client.close()
 
@@ -168,11 +131,11 @@ def test_cashu_subscribers_get_every_state_pushed_after_the_restart(healing):
         request_id = await wallet.subscribe("proof_state", [y], "s1")
         await wallet.expect_ok(request_id, "s1")
         assert (await wallet.notification())[1]["state"] == "UNSPENT"
-        index = owner(healing, "topic", cashu_codec.object_key("proof_state", y))
-        killed_at, _ = kill_shard(healing, "topic", index)
+        index = owner(healing.router, "topic", cashu_codec.object_key("proof_state", y))
+        killed_at, _ = kill_shard(healing.router, "topic", index)
         await push_until_stored(http_url, {"Y": y, "state": "PENDING", "witness": None})
         assert await wallet.notification() == ("s1", {"Y": y, "state": "PENDING", "witness": None})
-        healed("cashu topic", killed_at)
+        HEALING.healed("cashu topic", killed_at)
         await push(http_url, "proof_state", {"Y": y, "state": "SPENT", "witness": None})
         assert await wallet.notification() == ("s1", {"Y": y, "state": "SPENT", "witness": None})
         await wallet.quiet()
@@ -196,11 +159,12 @@ def test_mx_every_acknowledged_block_reaches_the_consumers_after_each_topic_shar
         feeder = await Node.open(node_url)
         seed = 7000
         for index in range(len(healing.router.shards["topic"])):
-            killed_at, _ = kill_shard(healing, "topic", index)
+            killed_at, _ = kill_shard(healing.router, "topic", index)
             saved = generator.generate_save_block(seed + index, transactions=5)
             # Acknowledged once every topic shard took it; a frame that met the dying shard gets no
             # ACK and is sent again, so consumers of the other shard may see its events twice.
-            await feeder.push_until_acknowledged(node.SAVE_BLOCK, generator.save_block_payload(saved, feeder.marshaller))
+            payload = generator.save_block_payload(saved, feeder.marshaller)
+            await feeder.push_until_acknowledged(node.SAVE_BLOCK, payload)
             await feeder.finalize(saved)
             events = [event.SerializeToString() for event in node.normalize_save_block(saved).events]
             block_hash = saved.BlockData.HeaderHash.hex()
@@ -208,7 +172,7 @@ def test_mx_every_acknowledged_block_reaches_the_consumers_after_each_topic_shar
                 got = await consumer.until_finalized(block_hash)
                 received = [m.SerializeToString() for t, m in got if t == codec.EVENTS_TOPIC]
                 assert list(dict.fromkeys(received)) == events  # every event, in order, at least once
-            healed(f"mx topic {index}", killed_at)
+            HEALING.healed(f"mx topic {index}", killed_at)
         for consumer in consumers:
             await consumer.close()
         await feeder.close()
@@ -239,20 +203,21 @@ def test_without_lanes_an_idle_gateway_notices_the_restart_and_re_announces(lane
         subscriber = await HubClient.open(subscriber_url, "quiet/subscriber")
         assert (await subscriber.request("hub:subscribe", {"topic": "quiet"}))["type"] == "hub:subscribed"
         publisher = await HubClient.open(publisher_url, "quiet/publisher")
-        killed_at, epoch = kill_shard(laneless, "topic", 0)
+        killed_at, epoch = kill_shard(laneless.router, "topic", 0)
 
         async def healed_by_both():
             try:
-                info = await asyncio.to_thread(shard_info, laneless, "topic", 0)
+                info = await asyncio.to_thread(shard_info, laneless.router, "topic", 0)
             except ray.exceptions.RayError:  # still restarting
                 return False
             return info["epoch"] != epoch and info["healed_in"] is not None and info["healing"] == []
 
-        await until(healed_by_both)  # healed_in is set only when every gateway re-announced
+        # healed_in is set only when every gateway re-announced
+        await eventually(healed_by_both, timeout=15, interval=0.02)
         reply = await publisher.request("hub:publish", {"topic": "quiet", "message": 1})
         assert reply["type"] == "hub:delivery_ack" and reply["payload"]["subscriberCount"] == 1, reply
         assert (await subscriber.recv())["payload"] == {"topic": "quiet", "message": 1}
-        healed("signal topic, no lanes", killed_at)
+        HEALING.healed("signal topic, no lanes", killed_at)
         await subscriber.close()
         await publisher.close()
 

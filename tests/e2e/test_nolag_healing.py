@@ -29,15 +29,15 @@ from websockets.exceptions import ConnectionClosed
 from actors.nolag.contract import actor_key, room_key, topic_key
 from actors.nolag.keys import KeyStore
 from router.shardmap import SESSION, TOPIC, shard_index
-from tests.e2e.client import run
+from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, free_consecutive_ports, start_router
+from tests.e2e.kills import HealingTimes, epoch_of, kill_shard, owner, threads_stopped
 from tests.e2e.nolag_client import Client
 
 pytestmark = pytest.mark.e2e
 
 PROJECT = "proj_1"
-HEAL_LIMIT_S = 5.0
-HEALING_TIMES: dict[str, float] = {}  # printed at the end of the module
+HEALING = HealingTimes()  # printed at the end of the module
 
 
 class HealRouter:
@@ -70,52 +70,17 @@ def nolag_heal(ray_runtime, tmp_path_factory) -> HealRouter:
     )
     yield HealRouter(running, KeyStore(data_dir / "keys.sqlite3"))
     running.router.stop()
-    print("\nNoLag healing times (s):", {name: round(value, 3) for name, value in HEALING_TIMES.items()})
+    HEALING.report("NoLag")
 
 
 # -- helpers -----------------------------------------------------------------------------------------
 
-def kill_shard(heal: HealRouter, kind: str, index: int) -> tuple[float, str]:
-    """SIGKILL shard ``index`` of ``kind``; when it was killed and the epoch it had."""
-    info = ray.get(heal.router.shards[kind][index].info.remote(), timeout=30)
-    os.kill(info["pid"], signal.SIGKILL)
-    return time.monotonic(), info["epoch"]
-
-
-def epoch_of(heal: HealRouter, kind: str, index: int) -> str | None:
-    try:
-        return ray.get(heal.router.shards[kind][index].info.remote(), timeout=5)["epoch"]
-    except Exception:  # still restarting
-        return None
-
-
-def owner(heal: HealRouter, kind: str, key: str) -> int:
-    return shard_index(key, len(heal.router.shards[kind]))
-
-
-async def until(probe: Any, timeout: float = 15, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not met within {timeout}s"
-        await asyncio.sleep(0.02)
-
-
 async def restarted(heal: HealRouter, kind: str, index: int, epoch: str) -> None:
     async def probe():
-        now = await asyncio.to_thread(epoch_of, heal, kind, index)
+        now = await asyncio.to_thread(epoch_of, heal.router, kind, index)
         return now is not None and now != epoch
 
-    await until(probe, 30, f"{kind} shard {index} restarted")
-
-
-def healed(name: str, killed_at: float, at: float | None = None) -> float:
-    took = (at if at is not None else time.monotonic()) - killed_at
-    HEALING_TIMES[name] = took
-    assert took < HEAL_LIMIT_S, f"{name} took {took:.2f}s to heal"
-    return took
+    await eventually(probe, 30, what=f"{kind} shard {index} restarted")
 
 
 async def value(result: Any) -> Any:
@@ -154,7 +119,7 @@ class Reader:
         """Every frame the router queued for ``client`` before now has been read."""
         marker = f"__flush_{time.monotonic_ns()}__"
         await client.send({"type": "getPresence", "roomId": marker})
-        await until(lambda: value(any(f.get("roomId") == marker for f in self.others)), 15, "flush")
+        await eventually(lambda: value(any(f.get("roomId") == marker for f in self.others)), 15, what="flush")
 
 
 class Publisher:
@@ -176,7 +141,7 @@ class Publisher:
     async def pause(self) -> None:
         """Returns once the last publish is confirmed and no other goes until :meth:`resume`."""
         self.going.clear()
-        await until(lambda: value(self.waiting or self.task.done()), 30, "publisher paused")
+        await eventually(lambda: value(self.waiting or self.task.done()), 30, what="publisher paused")
 
     def resume(self) -> None:
         self.going.set()
@@ -237,17 +202,17 @@ def test_a_killed_session_shard_keeps_the_actors_state_qos1_at_least_once_qos2_e
         pub = await Client.open(urls[1], nolag_heal.token())
         await pub.subscribe(topic, qos=0)
         publisher = Publisher(pub, topic, count)
-        await until(lambda: value(len(reader.messages) >= 30), 20, "the stream started")
+        await eventually(lambda: value(len(reader.messages) >= 30), 20, what="the stream started")
 
-        index = owner(nolag_heal, SESSION, actor_key(actor))
-        killed_at, epoch = kill_shard(nolag_heal, SESSION, index)
+        index = owner(nolag_heal.router, SESSION, actor_key(actor))
+        killed_at, epoch = kill_shard(nolag_heal.router, SESSION, index)
         after_kill = publisher.sent
         await restarted(nolag_heal, SESSION, index, epoch)
         # QoS 2 messages wait for the restarted shard to record them: the stream resumes once it has
-        first = await until(lambda: value(next((at for at, m in reader.messages if m["data"]["n"] > after_kill
-                                                and Publisher.qos(m["data"]["n"]) == 2), None)), 15, "healed")
-        healed("nolag session shard (QoS 2 flows again)", killed_at, first)
-        await until(lambda: value(len(reader.messages) >= after_kill + 20), 20, "the stream went on")
+        first = await eventually(lambda: value(next((at for at, m in reader.messages if m["data"]["n"] > after_kill
+                                                and Publisher.qos(m["data"]["n"]) == 2), None)), 15, what="healed")
+        HEALING.healed("nolag session shard (QoS 2 flows again)", killed_at, first)
+        await eventually(lambda: value(len(reader.messages) >= after_kill + 20), 20, what="the stream went on")
 
         # Away while the stream goes on, then back on the other gateway. It leaves between two
         # messages: a QoS 2 message written to a socket that then closes counts as delivered (never
@@ -297,7 +262,7 @@ def test_a_killed_gateway_loses_no_qos1_and_duplicates_no_qos2_after_the_reconne
         pub = await Client.open(urls[0], nolag_heal.token())
         await pub.subscribe(topic, qos=0)
         publisher = Publisher(pub, topic, count)
-        await until(lambda: value(len(reader.messages) >= 60), 20, "the stream started")
+        await eventually(lambda: value(len(reader.messages) >= 60), 20, what="the stream started")
 
         # Killed between two messages (the stream pauses), so that no QoS 2 frame is in the dying
         # socket's buffers: one the gateway wrote counts as delivered (never twice). Its acks may
@@ -383,16 +348,16 @@ def test_subscriptions_with_filters_qos_and_groups_heal_without_client_action(no
             await pub.subscribe(each, qos=0)
         await publish_until_confirmed(pub, topic, "before", "b", qos=1, filter="vip")
         assert brief(await filtered.expect("message")) == ("message", "before", "vip", False)
-        await until(lambda: value(got == ["before"]), 10, "the SDK got the first message")
+        await eventually(lambda: value(got == ["before"]), 10, what="the SDK got the first message")
 
-        killed_at, epoch = kill_shard(nolag_heal, TOPIC, TARGET)
+        killed_at, epoch = kill_shard(nolag_heal.router, TOPIC, TARGET)
         await publish_until_confirmed(pub, topic, "other", "o", qos=1, filter="other")  # not for the filtered one
         await publish_until_confirmed(pub, topic, "after", "a", qos=1, filter="vip")
         assert brief(await filtered.expect("message")) == ("message", "after", "vip", False)
-        healed("nolag topic shard: raw subscriber", killed_at)
-        await until(lambda: value(got == ["before", "other", "after"]), 10, "the SDK got the messages after")
-        healed("nolag topic shard: SDK subscriber", killed_at)
-        assert await asyncio.to_thread(epoch_of, nolag_heal, TOPIC, TARGET) != epoch
+        HEALING.healed("nolag topic shard: raw subscriber", killed_at)
+        await eventually(lambda: value(got == ["before", "other", "after"]), 10, what="the SDK got the messages after")
+        HEALING.healed("nolag topic shard: SDK subscriber", killed_at)
+        assert await asyncio.to_thread(epoch_of, nolag_heal.router, TOPIC, TARGET) != epoch
 
         for n in range(6):  # the group: each message to exactly one member, in turn
             await publish_until_confirmed(pub, group_topic, n, n, qos=0)
@@ -426,8 +391,8 @@ def test_qos1_published_before_the_reannounce_reached_the_shard_still_reaches_th
         stopped = ray.get(nolag_heal.router.gateways[1].actor.stats.remote(), timeout=30)["pid"]
         os.kill(stopped, signal.SIGSTOP)
         try:
-            await until(lambda: asyncio.to_thread(_threads_stopped, stopped), 10, "gateway stopped")
-            killed_at, epoch = kill_shard(nolag_heal, TOPIC, TARGET)
+            await eventually(lambda: asyncio.to_thread(threads_stopped, stopped), 10, what="gateway stopped")
+            killed_at, epoch = kill_shard(nolag_heal.router, TOPIC, TARGET)
             await restarted(nolag_heal, TOPIC, TARGET, epoch)
             for n in (1, 2, 3):  # taken once the shard stops waiting for the stopped gateway
                 await publish_until_confirmed(pub, topic, f"m{n}", n, qos=1)
@@ -435,7 +400,7 @@ def test_qos1_published_before_the_reannounce_reached_the_shard_still_reaches_th
             os.kill(stopped, signal.SIGCONT)
         resumed_at = time.monotonic()
         caught_up = [await sub.expect("message") for _ in range(3)]
-        HEALING_TIMES["nolag topic shard: catch-up after the late re-announce (from SIGCONT)"] = (
+        HEALING["nolag topic shard: catch-up after the late re-announce (from SIGCONT)"] = (
             time.monotonic() - resumed_at)
         assert [(m["data"], m["requiresAck"]) for m in caught_up] == [("m1", True), ("m2", True), ("m3", True)]
         await sub.send({"type": "batchAck", "msgIds": [m["msgId"] for m in caught_up]})
@@ -446,18 +411,6 @@ def test_qos1_published_before_the_reannounce_reached_the_shard_still_reaches_th
             await client.close()
 
     run(scenario(), timeout=90)
-
-
-def _threads_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped (SIGSTOP stops the others only once one runs)."""
-    states = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                states.append(stat.read().split(")")[-1].split()[0])
-        except OSError:
-            continue  # a thread that ended meanwhile
-    return all(state == "T" for state in states)
 
 
 def order(entry: dict) -> tuple:
@@ -503,7 +456,7 @@ def test_presence_and_lobby_listeners_heal_quietly(nolag_heal):
         assert [(e["actorTokenId"], e["presence"]) for e in before["data"]] == [(actor_a, {"s": "a-on"}),
                                                                                 (actor_b, {"s": "b-on"})]
 
-        killed_at, _ = kill_shard(nolag_heal, TOPIC, TARGET)
+        killed_at, _ = kill_shard(nolag_heal.router, TOPIC, TARGET)
         update = ("presence", "update", room, actor_b, {"s": "b-again"})
         while True:  # it waits for the healing; one that met the dying shard is answered internal_error
             await b.send({"type": "presence", "roomId": room, "data": {"s": "b-again"}})
@@ -513,7 +466,7 @@ def test_presence_and_lobby_listeners_heal_quietly(nolag_heal):
             assert (reply["type"], reply["error"]) == ("error", "internal_error"), reply
         assert presence_of(reply) == update  # its own: an update, not a join
         assert presence_of(await watcher.recv(timeout=15)) == update
-        healed("nolag room shard: presence", killed_at)
+        HEALING.healed("nolag room shard: presence", killed_at)
         assert [presence_of(f) for f in await frames_until_quiet(watcher)] == []
         assert [presence_of(f) for f in await frames_until_quiet(a)] == [update]
         assert [presence_of(f) for f in await frames_until_quiet(b)] == []

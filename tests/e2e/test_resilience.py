@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.e2e.client import HubClient, run
 from tests.e2e.conftest import free_consecutive_ports, start_router
+from tests.e2e.kills import stop, thread_states
 
 
 @pytest.fixture(scope="module")
@@ -77,56 +78,25 @@ def test_a_dead_gateway_is_replaced_on_its_port_and_the_shards_forget_it(fragile
     run(after())
 
 
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0]  # T when stopped
-    except OSError as error:
-        return str(error)
-
-
-def _thread_states(pid: int) -> list[str]:
-    return [_state_of(f"/proc/{pid}/task/{task}/stat") for task in os.listdir(f"/proc/{pid}/task")]
-
-
-def _state_of(path: str) -> str:
-    try:
-        with open(path) as stat:
-            return stat.read().split(")")[-1].split()[0]
-    except OSError:
-        return "gone"  # a thread that ended meanwhile
-
-
-def _stop(pid: int, timeout: float = 10) -> None:
-    """SIGSTOP ``pid`` and return once every one of its threads is stopped. The signal wakes one
-    thread, which stops the others only when it runs: on a busy machine another thread (the
-    shard's lane) can still answer a request meanwhile."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while not all(state in ("T", "gone") for state in _thread_states(pid)):
-        assert time.monotonic() < deadline, f"shard {pid} did not stop: {_thread_states(pid)}"
-        time.sleep(0.005)
-
-
 def test_a_stalled_shard_answers_timeout_then_recovers(fragile):
     shard = fragile.router.shards["registry"][0]
     pid = ray.get(shard.info.remote())["pid"]
 
     async def scenario():
         client = await HubClient.open(fragile.ws_urls[0], "res/patient")
-        _stop(pid)
+        stop(pid)
         try:
             started = time.monotonic()
             reply = await client.request("hub:discover", {}, correlationId="slow")
             waited = time.monotonic() - started
-            state = _state(pid)
+            states = thread_states(pid)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert reply == {"type": "hub:error", "from": "cloudflare/signal-hub", "to": "res/patient",
                          "payload": {"code": "timeout", "message": "hub:discover timed out; retry with backoff",
                                      "details": {"timeoutMs": 1000}},
                          "correlationId": "slow"}, (
-            f"after {waited:.3f}s; shard {pid} in state {state}; gateway: "
+            f"after {waited:.3f}s; shard {pid} in states {states}; gateway: "
             f"{ray.get(fragile.router.gateways[0].actor.stats.remote())['shard_client']}")
         assert 0.9 <= waited < 5
         recovered = await client.request("hub:discover", {})
