@@ -8,6 +8,8 @@ connection) or holds the socket without speaking WebSocket. The server stamps
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 CLOSE_IDLE = 1001
 PING = "ping"
 IDLE = "idle"
@@ -36,4 +38,12 @@ class Keepalive:
 
     def reason(self) -> str:
         return f"idle for {self.idle_timeout_s:g} s"
+
+    def tend(self, wire: Any, now: float, close_idle: Callable[[str], None]) -> None:
+        """Ping ``wire`` when it is due; ``close_idle(reason)`` when it has been silent too long."""
+        due = self.due(wire.last_activity, now)
+        if due == IDLE:
+            close_idle(self.reason())
+        elif due == PING:
+            wire.ping()
 

@@ -38,7 +38,7 @@ from actors.mx import contract as mx
 from actors.mx.contract import Stream, block_item
 from gateways.dialect import Dialect, DialectSession, HttpRequest, HttpResponse, Wire
 from gateways.mx import codec, node
-from gateways.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
+from gateways.keepalive import CLOSE_IDLE, Keepalive
 from gateways.mx.node import DuplicateSuppressor, Ignored, InvalidNodeFrame, SavedBlock
 from gateways.mx.config import MxConfig
 from gateways.mx.pb import mx_hub_pb2
@@ -323,11 +323,7 @@ class NodeSession(DialectSession):
     def on_tick(self, now: float) -> None:
         if self.closed:
             return
-        due = self.keepalive.due(self.wire.last_activity, now)
-        if due == IDLE:
-            self.shut(CLOSE_IDLE, self.keepalive.reason(), "idle")
-        elif due == PING:
-            self.wire.ping()
+        self.keepalive.tend(self.wire, now, lambda reason: self.shut(CLOSE_IDLE, reason, "idle"))
 
     def shut(self, code: int, reason: str, counted_as: str) -> None:
         self.dialect.counts["closed_" + counted_as] += 1

@@ -30,7 +30,7 @@ from gateways.mx import codec
 from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from gateways.mx.config import MxConfig
 from gateways.mx.ingest import NodeIngestDialect
-from gateways.keepalive import CLOSE_IDLE, IDLE, PING, Keepalive
+from gateways.keepalive import CLOSE_IDLE, Keepalive
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
@@ -251,11 +251,7 @@ class HubSession(DialectSession):
             self.shut(CLOSE_POLICY, f"no ACK for counter {self.awaiting} within "
                       f"{self.config.ack_timeout_s:g} s", "ack_timeout")
             return
-        due = self.keepalive.due(self.wire.last_activity, now)
-        if due == IDLE:
-            self.shut(CLOSE_IDLE, self.keepalive.reason(), "idle")
-        elif due == PING:
-            self.wire.ping()
+        self.keepalive.tend(self.wire, now, lambda reason: self.shut(CLOSE_IDLE, reason, "idle"))
 
     def shut(self, code: int, reason: str, counted_as: str) -> None:
         if self.closed:

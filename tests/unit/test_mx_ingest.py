@@ -110,3 +110,21 @@ def test_decode_does_all_the_work_before_the_shards():
     assert frame is None and isinstance(output, InvalidNodeFrame) and output.reason == node.UNDECODABLE
     frame, output = decode(node.encode_node_frame(node.SAVE_BLOCK, b"\xff\xff", 10), node.AUTO)
     assert frame.counter == 10 and output.reason == node.UNDECODABLE_PAYLOAD
+
+
+def test_keepalive_tend_pings_a_quiet_wire_and_hands_over_the_reason_when_it_is_silent():
+    class Wire:
+        last_activity = 0.0
+        pings = 0
+
+        def ping(self):
+            self.pings += 1
+
+    wire, closed = Wire(), []
+    keepalive = Keepalive(ping_interval_s=30, idle_timeout_s=120)
+    keepalive.tend(wire, 29.9, closed.append)
+    keepalive.tend(wire, 30, closed.append)
+    keepalive.tend(wire, 59, closed.append)
+    assert (wire.pings, closed) == (1, [])
+    keepalive.tend(wire, 120.1, closed.append)
+    assert (wire.pings, closed) == (1, ["idle for 120 s"])
