@@ -185,6 +185,38 @@ class MetricsConfig(Section):
     interval_s: float = Field(default=1.0, gt=0)
 
 
+class StoreConfig(Section):
+    """Where durable state lives (NoLag keys, log and actors, Cashu retained states, Baqend documents).
+
+    No ``url``: SQLite files under ``data_dir``, the embedded default (one machine). A
+    ``postgresql://user:password@host:port/db`` URL: one PostgreSQL database that every node
+    shares, as a cluster needs (``docs/cluster.md``). ``?options=-csearch_path%3Dschema`` in the
+    URL puts the tables in a schema of your choice.
+    """
+
+    url: SecretStr | None = None
+    # Connections per process (each shard, gateway and CLI process has its own pool).
+    pool_min: int = Field(default=1, ge=0, le=64)
+    pool_max: int = Field(default=4, ge=1, le=256)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+
+    @model_validator(mode="after")
+    def _postgres_only(self) -> "StoreConfig":
+        if self.url is not None:
+            scheme = self.url.get_secret_value().split(":", 1)[0]
+            if scheme not in ("postgresql", "postgres"):
+                raise ValueError(f"store.url must be a postgresql:// URL (got scheme {scheme!r}); "
+                                 "leave it unset for SQLite under data_dir")
+        if self.pool_min > self.pool_max:
+            raise ValueError("store.pool_min must not exceed store.pool_max")
+        return self
+
+    @property
+    def postgres(self) -> str | None:
+        """The PostgreSQL URL, or None for SQLite."""
+        return None if self.url is None else self.url.get_secret_value()
+
+
 def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "ray-ws-router"
 
@@ -211,6 +243,7 @@ class CoreSettings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     analytics: AnalyticsConfig = Field(default_factory=AnalyticsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)

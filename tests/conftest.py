@@ -21,3 +21,20 @@ def ray_runtime() -> str:
              _system_config=LOCAL_RAY_SYSTEM_CONFIG)  # as the embedded router starts it
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL server for the session (tests/pg.py), started on first use. Fails,
+    naming what to install, when PostgreSQL is missing: the store contract is tested on both."""
+    from tests.pg import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres_server) -> str:
+    """A PostgreSQL URL whose search path is a new, empty schema: each test its own tables."""
+    return postgres_server.fresh_url()

@@ -62,3 +62,17 @@ def tokens() -> CountingTokens:
 @pytest.fixture
 def fake_loop() -> FakeLoop:
     return FakeLoop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_settings(request, tmp_path):
+    """Router settings for one store backend: the store contract tests run once on each.
+
+    ``sqlite``: files under a fresh ``data_dir``; ``postgresql``: the session's throwaway server
+    (tests/pg.py), a fresh schema per test."""
+    from router.settings import load_settings
+
+    store = {}
+    if request.param == "postgresql":
+        store = {"url": request.getfixturevalue("postgres_server").fresh_url()}
+    return load_settings(None, data_dir=tmp_path, store=store)
