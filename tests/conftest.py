@@ -38,3 +38,9 @@ def postgres_server():
 def pg_url(postgres_server) -> str:
     """A PostgreSQL URL whose search path is a new, empty schema: each test its own tables."""
     return postgres_server.fresh_url()
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--store", choices=("sqlite", "postgresql"), default="sqlite",
+                     help="the store of every router the e2e, chaos and security tests start: SQLite files under "
+                          "its data_dir (default), or a fresh schema of the session's PostgreSQL server")

@@ -5,6 +5,8 @@ A document is a JSON object ``{"id": "/db/<Bucket>/<key>", "version", "acl", "cr
 check of ``If-Match`` and answers with the (before, after) images that real-time queries are
 matched against; it keeps writes in a buffer until :meth:`DocumentTable.commit` writes them to
 its :class:`DocumentStore` in one transaction. Pure apart from the store: no Ray, no sockets.
+:func:`open_document_store` picks the store: SQLite under ``data_dir``, or PostgreSQL when
+``store.url`` is set.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Container, Mapping, NamedTuple
 
 import orjson
+from psycopg_pool import ConnectionPool
 
 from router.errors import CommandError
 from router.nesting import MAX_NESTING, too_deep
+from router.pgtext import from_text, to_text
+from router.postgres import create_schema, pool_of, transaction
 from router.sqlite import open_wal, write_transaction
 
 Document = dict[str, Any]
@@ -384,6 +389,58 @@ class SqliteDocumentStore(DocumentStore):
 
     def close(self) -> None:
         self._db.close()
+
+
+class PostgresDocumentStore(DocumentStore):
+    """Table ``baqend_documents`` of the cluster's database, shared by the document shards of every
+    node; each reads its own ids.
+
+    ``id`` and ``bucket`` are ``COLLATE "C"``: pages are in byte order of the UTF-8 ids, as SQLite
+    and :class:`DocumentTable` (Python's ``sorted``) order them, whatever the database's default
+    collation (``en_US`` puts ``a`` before ``B``). The ``(bucket, id)`` index then serves both the
+    filter and the order. Ids go through :mod:`router.pgtext` (text cannot hold NUL).
+    """
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        create_schema(pool, "baqend_documents", [
+            'CREATE TABLE IF NOT EXISTS baqend_documents (id TEXT COLLATE "C" PRIMARY KEY, '
+            'bucket TEXT COLLATE "C" NOT NULL, body BYTEA NOT NULL)',
+            "CREATE INDEX IF NOT EXISTS baqend_documents_bucket_id ON baqend_documents (bucket, id)"])
+
+    def load(self, oid: str) -> Document | None:
+        with self._pool.connection() as connection:
+            row = connection.execute("SELECT body FROM baqend_documents WHERE id = %s", (to_text(oid),)).fetchone()
+        return None if row is None else orjson.loads(row[0])
+
+    def rows(self, bucket: str, after: str | None, limit: int) -> list[tuple[str, bytes]]:
+        with self._pool.connection() as connection:
+            found = connection.execute(
+                "SELECT id, body FROM baqend_documents WHERE bucket = %s AND id > %s ORDER BY id LIMIT %s",
+                (bucket, to_text(after or ""), limit)).fetchall()
+        return [(from_text(oid), body) for oid, body in found]
+
+    def save(self, rows: list[tuple[str, str, bytes | None]]) -> None:
+        # Applied in order, a batch leaves each id as its last row says: so deletes and upserts
+        # can go as two batched statements (one round trip each) instead of one per row.
+        last = {oid: (bucket, body) for oid, bucket, body in rows}
+        deletes = [(to_text(oid),) for oid, (_, body) in last.items() if body is None]
+        upserts = [(to_text(oid), bucket, body) for oid, (bucket, body) in last.items() if body is not None]
+        with transaction(self._pool) as connection:
+            cursor = connection.cursor()
+            if deletes:
+                cursor.executemany("DELETE FROM baqend_documents WHERE id = %s", deletes)
+            if upserts:
+                cursor.executemany("INSERT INTO baqend_documents (id, bucket, body) VALUES (%s, %s, %s) "
+                                   "ON CONFLICT (id) DO UPDATE SET bucket = excluded.bucket, body = excluded.body",
+                                   upserts)
+
+
+def open_document_store(settings: Any) -> DocumentStore:
+    """PostgreSQL when ``settings.store.url`` is set, else the machine's SQLite file under ``data_dir``."""
+    if settings.store.postgres:
+        return PostgresDocumentStore(pool_of(settings.store))
+    return SqliteDocumentStore(settings.data_dir / "documents.sqlite3")
 
 
 # -- the table -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import ray
 
 from actors.baqend.contract import DOCUMENT, QUERY, Op, Scan, Write, writes
-from actors.baqend.documents import (NOT_FOUND, DocumentTable, SqliteDocumentStore, iso_now, object_id, readable,
+from actors.baqend.documents import (NOT_FOUND, DocumentTable, iso_now, object_id, open_document_store, readable,
                                      reader, visible)
 from actors.baqend.livequeries import QueryTable
 from actors.baqend.mongoquery import QueryError, compile_query
@@ -48,7 +48,7 @@ class BaqendDocuments(Component):
     def __init__(self, shard: Any) -> None:
         super().__init__(shard)
         index, count = shard.index, self.settings.shards.document
-        self.table = DocumentTable(SqliteDocumentStore(self.settings.data_dir / "documents.sqlite3"),
+        self.table = DocumentTable(open_document_store(self.settings),
                                    owns=lambda oid: shard_index(oid, count) == index,
                                    max_document_bytes=self.settings.baqend.max_document_bytes)
         self._seq = 0

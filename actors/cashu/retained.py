@@ -6,10 +6,12 @@ commands one at a time, "subscribe and read the current value" and "store a new 
 it" are atomic with respect to each other; the version (1, 2, 3, … per key) lets a subscriber drop
 anything older than what it has already seen, whatever order results and deliveries arrive in.
 
-Storage sits behind :class:`RetainedStore`. The embedded default is SQLite in WAL mode, one file
-shared by every topic shard of the machine: keys are read on demand, so changing the number of
-shards between runs loses nothing. Writes of one shard batch are committed together, before the
-batch's results go back (a value that was acknowledged is on disk).
+Storage sits behind :class:`RetainedStore`, opened by :func:`open_retained_store`. The embedded
+default is SQLite in WAL mode, one file shared by every topic shard of the machine; with
+``store.url`` it is one PostgreSQL table shared by every topic shard of the cluster. Either way
+keys are read on demand, so changing the number of shards (or the node a shard runs on) between
+runs loses nothing. Writes of one shard batch are committed together, before the batch's results
+go back (a value that was acknowledged is stored).
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
-from typing import NamedTuple
-from router.sqlite import open_wal, write_transaction
+from typing import Any, NamedTuple
 
+from psycopg_pool import ConnectionPool
+
+from router.pgtext import to_text
+from router.postgres import create_schema, pool_of, transaction
+from router.sqlite import open_wal, write_transaction
 
 
 class Retained(NamedTuple):
@@ -77,6 +83,37 @@ class SqliteRetainedStore(RetainedStore):
 
     def close(self) -> None:
         self._db.close()
+
+
+class PostgresRetainedStore(RetainedStore):
+    """Table ``cashu_retained`` of the cluster's database: every topic shard of every node reads
+    and writes the same rows. Keys go through :mod:`router.pgtext` (text cannot hold NUL)."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        create_schema(pool, "cashu_retained", [
+            "CREATE TABLE IF NOT EXISTS cashu_retained "
+            "(key TEXT PRIMARY KEY, version BIGINT NOT NULL, payload BYTEA NOT NULL)"])
+
+    def load(self, key: str) -> Retained | None:
+        with self._pool.connection() as connection:
+            row = connection.execute("SELECT version, payload FROM cashu_retained WHERE key = %s",
+                                     (to_text(key),)).fetchone()
+        return None if row is None else Retained(row[0], bytes(row[1]))
+
+    def save(self, rows: list[tuple[str, int, bytes]]) -> None:
+        with transaction(self._pool) as connection:
+            connection.cursor().executemany(
+                "INSERT INTO cashu_retained (key, version, payload) VALUES (%s, %s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET version = excluded.version, payload = excluded.payload",
+                [(to_text(key), version, payload) for key, version, payload in rows])
+
+
+def open_retained_store(settings: Any) -> RetainedStore:
+    """PostgreSQL when ``settings.store.url`` is set, else the machine's SQLite file under ``data_dir``."""
+    if settings.store.postgres:
+        return PostgresRetainedStore(pool_of(settings.store))
+    return SqliteRetainedStore(settings.data_dir / "retained.sqlite3")
 
 
 _ABSENT = Retained(0, b"")  # cached "no value": version 0 is never stored

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.cashu.contract import Op, RetainedEvent, Stored
-from actors.cashu.retained import Retained, RetainedValues, SqliteRetainedStore
+from actors.cashu.retained import Retained, RetainedValues, open_retained_store
 from actors.pubsub import PubSub
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT
@@ -27,7 +27,7 @@ class CashuRetained(Component):
     def retained(self) -> RetainedValues:
         """Opened on first use, so routers that never retain anything create no database."""
         if self._retained is None:
-            self._retained = RetainedValues(SqliteRetainedStore(self.settings.data_dir / "retained.sqlite3"))
+            self._retained = RetainedValues(open_retained_store(self.settings))
         return self._retained
 
     def operations(self) -> dict[str, Handler]:

@@ -4,6 +4,9 @@
   the main port, a high rate limit so functional tests never trip it.
 - ``open_hub``: auth off, one gateway, one shard of each kind, Signal Hub at /ws on a port of its
   own, and small limits (rate, sizes, heartbeat, actors) so each limit can be hit quickly.
+
+``pytest --store postgresql`` runs every router of the session on PostgreSQL instead of SQLite
+files (:func:`store_url`); the chaos and security suites import :func:`store_backend` for the same.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -34,7 +38,44 @@ class RunningRouter:
         return self.router.settings
 
 
+_postgres: Any = None  # the session's PostgreSQL server under --store postgresql
+_schemas: dict[str, str] = {}  # data_dir -> its routers' store URL
+
+
+@pytest.fixture(scope="session", autouse=True)
+def store_backend(request) -> str:
+    """``--store``: with ``postgresql`` every router started here gets a store URL (:func:`store_url`)."""
+    global _postgres
+    backend = request.config.getoption("--store")
+    if backend == "postgresql":
+        _postgres = request.getfixturevalue("postgres_server")
+    yield backend
+    _postgres = None
+    _schemas.clear()
+
+
+def store_url(data_dir: Path | str | None) -> str | None:
+    """Under ``--store postgresql``, the store of the routers on ``data_dir``: a fresh schema at first,
+    then the same one, as routers on one data dir share its SQLite files (a restart keeps its state,
+    two routers of one namespace see each other's). None with SQLite."""
+    if _postgres is None:
+        return None
+    key = str(data_dir)
+    if key not in _schemas:
+        _schemas[key] = _postgres.fresh_url()
+    return _schemas[key]
+
+
+def store_env(data_dir: Path | str) -> dict[str, str]:
+    """:func:`store_url` for a ``router serve`` process, as the environment variable it reads."""
+    url = store_url(data_dir)
+    return {} if url is None else {"ROUTER_STORE__URL": url}
+
+
 def start_router(**overrides: Any) -> RunningRouter:
+    url = store_url(overrides.get("data_dir"))
+    if url is not None and "store" not in overrides:
+        overrides["store"] = {"url": url}
     router = Router(load_settings(**overrides))
     endpoints = router.start()
     return RunningRouter(router, *_urls(endpoints))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 from tests.e2e.client import HubClient, run
+from tests.e2e.conftest import store_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTER = str(Path(sys.executable).with_name("router"))
@@ -25,10 +26,13 @@ class Served:
     """A `router serve` process, its output collected on a thread."""
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        env = env or {}
+        if "ROUTER_DATA_DIR" in env:  # under --store postgresql, that data dir's schema
+            env = {**store_env(env["ROUTER_DATA_DIR"]), **env}
         self.lines: list[str] = []
         self.process = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            env={**os.environ, **env}, start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -15,7 +15,7 @@ import itertools
 
 import pytest
 
-from tests.e2e.conftest import RunningRouter, start_router
+from tests.e2e.conftest import RunningRouter, start_router, store_backend  # noqa: F401  (autouse: --store)
 
 _addresses = itertools.count(10)
 

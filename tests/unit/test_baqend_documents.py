@@ -1,14 +1,23 @@
-"""actors/documents.py: versioned writes, partial updates, acl rules and the SQLite store."""
+"""actors/baqend/documents.py: versioned writes, partial updates, acl rules and the stores.
+
+The store tests take ``store_settings`` (tests/unit/conftest.py): each runs on SQLite and on PostgreSQL.
+"""
 
 from __future__ import annotations
 
+import secrets
+import sqlite3
+
 import orjson
+import psycopg
 import pytest
 
 from actors.baqend.documents import (
-    DocumentTable, MemoryDocumentStore, Page, SqliteDocumentStore, apply_update, iso_now, permitted, principals_of,
+    DocumentStore, DocumentTable, MemoryDocumentStore, Page, apply_update, iso_now, open_document_store, permitted,
+    principals_of,
 )
 from router.errors import CommandError
+from router.settings import load_settings
 
 NOW, LATER = "2026-01-01T00:00:00.000Z", "2026-01-01T00:00:01.000Z"
 
@@ -95,9 +104,8 @@ def test_acl_rules_and_principals():
     assert refused(table.insert, "T", "b", {"acl": {"read": {"u": "maybe"}}}, NOW)[0] == "bad_request"
 
 
-def test_sqlite_store_persists_commits_and_scans_only_owned_ids(tmp_path):
-    path = tmp_path / "documents.sqlite3"
-    table = DocumentTable(SqliteDocumentStore(path), owns=lambda oid: oid.endswith(("a", "b")))
+def test_the_store_persists_commits_and_scans_only_owned_ids(store_settings):
+    table = DocumentTable(open_document_store(store_settings), owns=lambda oid: oid.endswith(("a", "b")))
     table.insert("T", "a", {"n": 1}, NOW)
     table.insert("T", "b", {"n": 2}, NOW)
     table.insert("U", "a", {"n": 3}, NOW)
@@ -105,7 +113,8 @@ def test_sqlite_store_persists_commits_and_scans_only_owned_ids(tmp_path):
     table.commit()
     table.delete("T", "b", None)
     table.commit()
-    reopened = DocumentTable(SqliteDocumentStore(path), owns=lambda oid: oid.endswith("a"))
+    table.store.close()
+    reopened = DocumentTable(open_document_store(store_settings), owns=lambda oid: oid.endswith("a"))
     assert [d["id"] for d in reopened.scan("T").documents] == ["/db/T/a"]
     assert reopened.get("/db/U/a")["n"] == 3 and reopened.get("/db/T/b") is None
     assert reopened.scan("T", lambda d: d["n"] > 5) == Page([], None, 0)
@@ -121,10 +130,16 @@ def pages(table: DocumentTable, bucket: str, keep=lambda d: True, **bounds) -> l
         after = page.upto
 
 
-@pytest.mark.parametrize("store", ["memory", "sqlite"])
-def test_a_scan_reads_at_most_max_rows_and_max_bytes_per_page_and_pages_cover_the_bucket(store, tmp_path):
+def test_a_scan_reads_at_most_max_rows_and_max_bytes_per_page_and_pages_cover_the_bucket(store_settings):
     """Before: a scan answered the whole bucket in one reply, however large."""
-    backend = MemoryDocumentStore() if store == "memory" else SqliteDocumentStore(tmp_path / "d.sqlite3")
+    check_pages(open_document_store(store_settings))
+
+
+def test_the_memory_store_pages_as_the_others():
+    check_pages(MemoryDocumentStore())
+
+
+def check_pages(backend: DocumentStore) -> None:
     table = DocumentTable(backend, owns=lambda oid: int(oid[-2:]) % 2 == 0)  # the even keys are this shard's
     for index in range(30):  # every document the same size
         table.insert("T", f"k{index:02d}", {"n": index, "pad": "x" * (40 - len(str(index)))}, NOW)
@@ -142,6 +157,101 @@ def test_a_scan_reads_at_most_max_rows_and_max_bytes_per_page_and_pages_cover_th
                                                                       [20, 22], [24, 26], [28]]
     assert [page.upto for page in found][:2] == ["/db/T/k02", "/db/T/k06"]  # the next scan goes on after it
     assert [len(page.documents) for page in pages(table, "T", max_rows=100, max_bytes=1)] == [1] * 15
+
+
+def body(oid: str, n: int = 0) -> bytes:
+    return orjson.dumps({"id": oid, "version": 1, "n": n})
+
+
+def test_a_second_store_reads_what_the_first_saved_at_once(store_settings):
+    """Two stores on one location are two shards (two processes, or two nodes on PostgreSQL)."""
+    writer, reader = open_document_store(store_settings), open_document_store(store_settings)
+    assert reader.load("/db/T/a") is None
+    writer.save([("/db/T/a", "T", body("/db/T/a", 1)), ("/db/T/b", "T", body("/db/T/b", 2))])
+    assert reader.load("/db/T/a") == orjson.loads(body("/db/T/a", 1))
+    assert reader.rows("T", None, 10) == [("/db/T/a", body("/db/T/a", 1)), ("/db/T/b", body("/db/T/b", 2))]
+    writer.save([("/db/T/a", "T", None), ("/db/T/b", "T", body("/db/T/b", 3))])  # None deletes
+    assert reader.load("/db/T/a") is None
+    assert reader.rows("T", None, 10) == [("/db/T/b", body("/db/T/b", 3))]
+    writer.close()
+    reader.close()
+
+
+def test_a_save_is_all_or_nothing(store_settings):
+    store = open_document_store(store_settings)
+    store.save([("/db/T/kept", "T", body("/db/T/kept", 1)), ("/db/T/gone", "T", body("/db/T/gone"))])
+    failure = psycopg.errors.NotNullViolation if store_settings.store.postgres else sqlite3.IntegrityError
+    with pytest.raises(failure):  # the last row has no bucket: it cannot be stored
+        store.save([("/db/T/kept", "T", body("/db/T/kept", 2)), ("/db/T/gone", "T", None),
+                    ("/db/T/new", "T", body("/db/T/new")), ("/db/T/broken", None, body("/db/T/broken"))])
+    assert store.rows("T", None, 10) == [("/db/T/gone", body("/db/T/gone")), ("/db/T/kept", body("/db/T/kept", 1))]
+    store.save([("/db/T/new", "T", body("/db/T/new"))])  # the store is usable after the failed transaction
+    assert store.load("/db/T/new") == orjson.loads(body("/db/T/new"))
+    store.close()
+
+
+def test_rows_of_one_save_apply_in_order(store_settings):
+    store = open_document_store(store_settings)
+    store.save([("/db/T/a", "T", body("/db/T/a", 1)), ("/db/T/a", "T", None),  # written, then deleted
+                ("/db/T/b", "T", None), ("/db/T/b", "T", body("/db/T/b", 2)),  # deleted (absent), then written
+                ("/db/T/c", "T", body("/db/T/c", 3)), ("/db/T/c", "T", body("/db/T/c", 4))])
+    assert store.rows("T", None, 10) == [("/db/T/b", body("/db/T/b", 2)), ("/db/T/c", body("/db/T/c", 4))]
+    store.close()
+
+
+@pytest.fixture
+def collated_settings(store_settings, request):
+    """``store_settings``, but on PostgreSQL in a database whose default collation is ICU ``en-US``
+    (a common server default): there "a" < "B" and "e" < "é" < "f", unlike the byte order in which
+    SQLite and the table page ids. The test server's own database sorts by code point anyway."""
+    if not store_settings.store.postgres:
+        return store_settings
+    server = request.getfixturevalue("postgres_server")
+    base, database, schema = server.url.rsplit("/", 1)[0], "router_en_us", f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(server.url, autocommit=True) as connection:
+        if connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
+            connection.execute(f"CREATE DATABASE {database} TEMPLATE template0 LOCALE_PROVIDER icu "
+                               "ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+    with psycopg.connect(f"{base}/{database}", autocommit=True) as connection:
+        assert connection.execute("SELECT 'a' < 'B', 'é' < 'f'").fetchone() == (True, True)
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    return load_settings(None, data_dir=store_settings.data_dir,
+                         store={"url": f"{base}/{database}?options=-csearch_path%3D{schema}"})
+
+
+def test_pages_follow_the_byte_order_of_ids_whatever_the_collation(collated_settings):
+    store = open_document_store(collated_settings)
+    keys = ["f", "a", "é", "B", "e", "z", "Z", "a0", "_"]
+    store.save([(f"/db/T/{key}", "T", body(f"/db/T/{key}")) for key in keys])
+    ordered = ["B", "Z", "_", "a", "a0", "e", "f", "z", "é"]  # code points: as SQLite and sorted() order them
+    assert [oid for oid, _ in store.rows("T", None, 100)] == [f"/db/T/{key}" for key in ordered]
+    seen, after = [], None
+    while page := store.rows("T", after, 2):
+        seen.append([oid.rsplit("/", 1)[1] for oid, _ in page])
+        after = page[-1][0]
+    assert seen == [["B", "Z"], ["_", "a"], ["a0", "e"], ["f", "z"], ["é"]]
+    table = DocumentTable(store)
+    table.insert("T", "b", {}, NOW)  # pending: merged into the stored rows in the same order
+    pages_seen = pages(table, "T", max_rows=4)
+    assert [[d["id"].rsplit("/", 1)[1] for d in page.documents] for page in pages_seen] == [
+        ["B", "Z", "_", "a"], ["a0", "b", "e", "f", "z"], ["é"]]
+    store.close()
+
+
+def test_ids_with_nul_are_stored_and_ordered_as_any_other(store_settings):
+    """PostgreSQL text cannot hold NUL (an object key may be ``a%00``): such an id must neither fail
+    the batch nor meet, or sort differently from, another id."""
+    store = open_document_store(store_settings)
+    keys = ["a\x01", "a", "a\x00\x01", "a\x02", "a\x00", "a\x01\x01", "a\x01\x02", "b"]
+    store.save([(f"/db/T/{key}", "T", body(f"/db/T/{key}", index)) for index, key in enumerate(keys)])
+    ordered = sorted(f"/db/T/{key}" for key in keys)
+    assert ordered[:5] == ["/db/T/a", "/db/T/a\x00", "/db/T/a\x00\x01", "/db/T/a\x01", "/db/T/a\x01\x01"]
+    assert [oid for oid, _ in store.rows("T", None, 100)] == ordered
+    assert [oid for oid, _ in store.rows("T", "/db/T/a\x00", 2)] == ["/db/T/a\x00\x01", "/db/T/a\x01"]
+    assert [store.load(f"/db/T/{key}")["n"] for key in keys] == list(range(len(keys)))
+    store.save([("/db/T/a\x00", "T", None)])
+    assert store.load("/db/T/a\x00") is None and store.load("/db/T/a")["n"] == 1
+    store.close()
 
 
 def test_a_page_sees_writes_not_yet_committed_within_its_range():
