@@ -109,7 +109,7 @@ def _publisher(url: str, token: str, qos: int, messages: int, window: int, start
 
 def run(args: argparse.Namespace, qos: int, data_dir: str) -> dict:
     from router.settings import load_settings
-    from actors.nolag.keys import KeyStore
+    from actors.nolag.keys import open_key_store
     from router.runtime import Router
 
     settings = load_settings(
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, qos: int, data_dir: str) -> dict:
         data_dir=data_dir, signal={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False},
         baqend={"enabled": False}, analytics={"enabled": args.eventlog == "on"},
         nolag={"max_unacked": 100_000})
-    keys = KeyStore(Path(data_dir) / "keys.sqlite3")
+    keys = open_key_store(settings)
     tokens = [keys.create("bench", rate_limit_per_s=1_000_000_000)[0] for _ in range(args.subscribers + 1)]
     router = Router(settings)
     endpoints = router.start()

@@ -1,7 +1,10 @@
 """API keys: tokens ``at_{live|sandbox}_{key_id}.{secret}``, topic ACLs, rate and monthly quota.
 
-A plain class over one SQLite file (``<data_dir>/keys.sqlite3``) that the CLI writes and every
-gateway process reads: WAL mode lets them read beside one writer, a busy writer waits.
+Behind :class:`KeyStore`, opened with :func:`open_key_store`: one SQLite file
+(``nolag.keys_path``, default ``<data_dir>/keys.sqlite3``) that the CLI writes and every gateway
+process of the machine reads (WAL mode lets them read beside one writer, a busy writer waits), or,
+with ``store.url``, the tables ``nolag_keys`` and ``nolag_usage`` of the PostgreSQL database every
+node shares, so a key created anywhere is known everywhere.
 
 Only an HMAC-SHA256 of the secret is stored, keyed with a random salt per key; a token is checked
 with ``hmac.compare_digest``. Revocation sets ``revoked_at``: :meth:`KeyStore.verify` refuses the
@@ -24,11 +27,17 @@ import hmac
 import json
 import re
 import secrets
+import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
+
+from psycopg_pool import ConnectionPool
+
+from router.postgres import create_schema, pool_of
 from router.sqlite import open_wal, write_transaction
 
 ENVIRONMENTS = ("live", "sandbox")
@@ -133,20 +142,15 @@ _COLUMNS = ("key_id, environment, project_id, publish, subscribe, rate_limit_per
             "created_at, revoked_at")
 
 
-class KeyStore:
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        self.path = path
+class KeyStore(ABC):
+    """The checks and the token live here; where the rows are, in the implementations.
+
+    Calls are synchronous (the CLI; a gateway runs them in a worker thread, see
+    ``gateways/nolag/session.py``), and may come from several threads at once.
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._db = open_wal(path)
-        self._db.executescript(
-            "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, environment TEXT NOT NULL, "
-            "project_id TEXT NOT NULL, salt BLOB NOT NULL, secret_hash BLOB NOT NULL, publish TEXT NOT NULL, "
-            "subscribe TEXT NOT NULL, rate_limit_per_s INTEGER NOT NULL, monthly_quota INTEGER, "
-            "created_at REAL NOT NULL, revoked_at REAL);"
-            "CREATE INDEX IF NOT EXISTS keys_revoked ON keys (revoked_at);"
-            "CREATE TABLE IF NOT EXISTS usage (key_id TEXT NOT NULL, month TEXT NOT NULL, "
-            "count INTEGER NOT NULL, PRIMARY KEY (key_id, month));"
-        )
 
     def create(self, project_id: str, environment: str = "live", publish: Iterable[str] = ("#",),
                subscribe: Iterable[str] = ("#",), rate_limit_per_s: int = 50,
@@ -167,12 +171,8 @@ class KeyStore:
         salt = secrets.token_bytes(16)
         record = KeyRecord(secrets.token_hex(8), environment, project_id, publish, subscribe, rate_limit_per_s,
                            monthly_quota, self._clock())
-        self._db.execute(
-            "INSERT INTO keys (key_id, environment, project_id, salt, secret_hash, publish, subscribe, "
-            "rate_limit_per_s, monthly_quota, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (record.key_id, environment, project_id, salt, _digest(salt, secret), json.dumps(list(publish)),
-             json.dumps(list(subscribe)), rate_limit_per_s, monthly_quota, record.created_at),
-        )
+        self._insert((record.key_id, environment, project_id, salt, _digest(salt, secret), json.dumps(list(publish)),
+                      json.dumps(list(subscribe)), rate_limit_per_s, monthly_quota, record.created_at))
         return f"at_{environment}_{record.key_id}.{secret}", record
 
     def verify(self, token: str) -> KeyRecord | None:
@@ -181,47 +181,111 @@ class KeyStore:
         if parsed is None:
             return None
         environment, key_id, secret = parsed
-        row = self._db.execute(f"SELECT {_COLUMNS}, salt, secret_hash FROM keys WHERE key_id = ?",
-                               (key_id,)).fetchone()
+        row = self._secret_row(key_id)
         if row is None:
             return None
         record = _record(row[:9])
-        if not hmac.compare_digest(_digest(row[9], secret), row[10]):
+        if not hmac.compare_digest(_digest(bytes(row[9]), secret), bytes(row[10])):
             return None
         if record.environment != environment or record.revoked_at is not None:
             return None
         return record
 
-    def get(self, key_id: str) -> KeyRecord | None:
-        row = self._db.execute(f"SELECT {_COLUMNS} FROM keys WHERE key_id = ?", (key_id,)).fetchone()
-        return None if row is None else _record(row)
-
-    def list(self) -> list[KeyRecord]:
-        rows = self._db.execute(f"SELECT {_COLUMNS} FROM keys ORDER BY created_at, key_id").fetchall()
-        return [_record(row) for row in rows]
-
-    def revoke(self, key_id: str) -> bool:
-        """True if the key existed and was active."""
-        cursor = self._db.execute("UPDATE keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
-                                  (self._clock(), key_id))
-        return cursor.rowcount == 1
-
-    def revoked_since(self, timestamp: float) -> list[str]:
-        """Keys revoked at or after ``timestamp`` (inclusive: a poller loses none), oldest first."""
-        rows = self._db.execute("SELECT key_id FROM keys WHERE revoked_at >= ? ORDER BY revoked_at, key_id",
-                                (timestamp,)).fetchall()
-        return [row[0] for row in rows]
-
     def consume(self, key_id: str, count: int = 1, now: float | None = None) -> bool:
         """Count ``count`` messages against this month's quota; False (nothing counted) if it would
-        go over, or the key is unknown. Atomic across processes (one write transaction).
+        go over, or the key is unknown. Atomic across processes.
 
         A write per call: gateways should reserve blocks (``count`` > 1) rather than call it per message.
         """
         if count < 0:
             raise ValueError("count must be 0 or more")
-        month = month_of(self._clock() if now is None else now)
-        with write_transaction(self._db) as db:  # the read and the write in one transaction
+        return self._consume(key_id, count, month_of(self._clock() if now is None else now))
+
+    @abstractmethod
+    def _insert(self, row: tuple) -> None:
+        """Store a new key's row (the columns of ``_COLUMNS`` with salt and secret_hash after project_id)."""
+
+    @abstractmethod
+    def _secret_row(self, key_id: str) -> tuple | None:
+        """The key's ``_COLUMNS``, then its salt and secret hash."""
+
+    @abstractmethod
+    def _consume(self, key_id: str, count: int, month: str) -> bool: ...
+
+    @abstractmethod
+    def get(self, key_id: str) -> KeyRecord | None: ...
+
+    @abstractmethod
+    def list(self) -> list[KeyRecord]:
+        """Every key, oldest first (ties by key id)."""
+
+    @abstractmethod
+    def revoke(self, key_id: str) -> bool:
+        """True if the key existed and was active."""
+
+    @abstractmethod
+    def revoked_since(self, timestamp: float) -> list[str]:
+        """Keys revoked at or after ``timestamp`` (inclusive: a poller loses none), oldest first."""
+
+    @abstractmethod
+    def usage(self, key_id: str, month: str) -> int: ...
+
+    def close(self) -> None:
+        pass
+
+
+class SqliteKeyStore(KeyStore):
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(clock)
+        self.path = path
+        # One connection, used by a gateway's worker threads: the lock keeps one transaction on it at a time.
+        self._lock = threading.Lock()
+        self._db = open_wal(path)
+        self._db.executescript(
+            "CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, environment TEXT NOT NULL, "
+            "project_id TEXT NOT NULL, salt BLOB NOT NULL, secret_hash BLOB NOT NULL, publish TEXT NOT NULL, "
+            "subscribe TEXT NOT NULL, rate_limit_per_s INTEGER NOT NULL, monthly_quota INTEGER, "
+            "created_at REAL NOT NULL, revoked_at REAL);"
+            "CREATE INDEX IF NOT EXISTS keys_revoked ON keys (revoked_at);"
+            "CREATE TABLE IF NOT EXISTS usage (key_id TEXT NOT NULL, month TEXT NOT NULL, "
+            "count INTEGER NOT NULL, PRIMARY KEY (key_id, month));"
+        )
+
+    def _insert(self, row: tuple) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO keys (key_id, environment, project_id, salt, secret_hash, publish, subscribe, "
+                "rate_limit_per_s, monthly_quota, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    def _secret_row(self, key_id: str) -> tuple | None:
+        with self._lock:
+            return self._db.execute(f"SELECT {_COLUMNS}, salt, secret_hash FROM keys WHERE key_id = ?",
+                                    (key_id,)).fetchone()
+
+    def get(self, key_id: str) -> KeyRecord | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_COLUMNS} FROM keys WHERE key_id = ?", (key_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def list(self) -> list[KeyRecord]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM keys ORDER BY created_at, key_id").fetchall()
+        return [_record(row) for row in rows]
+
+    def revoke(self, key_id: str) -> bool:
+        with self._lock:
+            cursor = self._db.execute("UPDATE keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
+                                      (self._clock(), key_id))
+            return cursor.rowcount == 1
+
+    def revoked_since(self, timestamp: float) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT key_id FROM keys WHERE revoked_at >= ? ORDER BY revoked_at, key_id",
+                                    (timestamp,)).fetchall()
+        return [row[0] for row in rows]
+
+    def _consume(self, key_id: str, count: int, month: str) -> bool:
+        with self._lock, write_transaction(self._db) as db:  # the read and the write in one transaction
             row = db.execute("SELECT monthly_quota FROM keys WHERE key_id = ?", (key_id,)).fetchone()
             if row is None:
                 return False  # nothing written: the commit ends an empty transaction
@@ -235,11 +299,95 @@ class KeyStore:
         return True
 
     def usage(self, key_id: str, month: str) -> int:
-        row = self._db.execute("SELECT count FROM usage WHERE key_id = ? AND month = ?", (key_id, month)).fetchone()
+        with self._lock:
+            row = self._db.execute("SELECT count FROM usage WHERE key_id = ? AND month = ?",
+                                   (key_id, month)).fetchone()
         return 0 if row is None else row[0]
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
+
+
+class PostgresKeyStore(KeyStore):
+    """The keys of every node in one database. ``close`` leaves the process's pool open (other
+    stores share it)."""
+
+    def __init__(self, pool: ConnectionPool, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(clock)
+        self._pool = pool
+        create_schema(pool, "nolag_keys", [
+            "CREATE TABLE IF NOT EXISTS nolag_keys (key_id TEXT PRIMARY KEY, environment TEXT NOT NULL, "
+            "project_id TEXT NOT NULL, salt BYTEA NOT NULL, secret_hash BYTEA NOT NULL, publish TEXT NOT NULL, "
+            "subscribe TEXT NOT NULL, rate_limit_per_s INTEGER NOT NULL, monthly_quota BIGINT, "
+            "created_at DOUBLE PRECISION NOT NULL, revoked_at DOUBLE PRECISION)",
+            "CREATE INDEX IF NOT EXISTS nolag_keys_revoked ON nolag_keys (revoked_at)",
+            "CREATE TABLE IF NOT EXISTS nolag_usage (key_id TEXT NOT NULL, month TEXT NOT NULL, "
+            "count BIGINT NOT NULL, PRIMARY KEY (key_id, month))",
+        ])
+
+    def _insert(self, row: tuple) -> None:
+        with self._pool.connection() as db:
+            db.execute(
+                "INSERT INTO nolag_keys (key_id, environment, project_id, salt, secret_hash, publish, subscribe, "
+                "rate_limit_per_s, monthly_quota, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", row)
+
+    def _secret_row(self, key_id: str) -> tuple | None:
+        with self._pool.connection() as db:
+            return db.execute(f"SELECT {_COLUMNS}, salt, secret_hash FROM nolag_keys WHERE key_id = %s",
+                              (key_id,)).fetchone()
+
+    def get(self, key_id: str) -> KeyRecord | None:
+        with self._pool.connection() as db:
+            row = db.execute(f"SELECT {_COLUMNS} FROM nolag_keys WHERE key_id = %s", (key_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def list(self) -> list[KeyRecord]:
+        with self._pool.connection() as db:
+            rows = db.execute(f'SELECT {_COLUMNS} FROM nolag_keys ORDER BY created_at, key_id COLLATE "C"').fetchall()
+        return [_record(row) for row in rows]
+
+    def revoke(self, key_id: str) -> bool:
+        with self._pool.connection() as db:
+            cursor = db.execute("UPDATE nolag_keys SET revoked_at = %s WHERE key_id = %s AND revoked_at IS NULL",
+                                (self._clock(), key_id))
+            return cursor.rowcount == 1
+
+    def revoked_since(self, timestamp: float) -> list[str]:
+        with self._pool.connection() as db:
+            rows = db.execute('SELECT key_id FROM nolag_keys WHERE revoked_at >= %s '
+                              'ORDER BY revoked_at, key_id COLLATE "C"', (timestamp,)).fetchall()
+        return [row[0] for row in rows]
+
+    def _consume(self, key_id: str, count: int, month: str) -> bool:
+        # One statement: the upsert locks the month's usage row (a first insert racing another waits
+        # for it, then takes the update branch), and its WHERE is checked on the row as committed,
+        # so concurrent consumers on any node never count past the quota.
+        with self._pool.connection() as db:
+            counted = db.execute(
+                "INSERT INTO nolag_usage (key_id, month, count) "
+                "SELECT key_id, %s, %s FROM nolag_keys WHERE key_id = %s "
+                "AND (monthly_quota IS NULL OR %s <= monthly_quota) "
+                "ON CONFLICT (key_id, month) DO UPDATE SET count = nolag_usage.count + excluded.count "
+                "WHERE (SELECT monthly_quota FROM nolag_keys WHERE key_id = excluded.key_id) IS NULL "
+                "OR nolag_usage.count + excluded.count <= "
+                "(SELECT monthly_quota FROM nolag_keys WHERE key_id = excluded.key_id) "
+                "RETURNING count", (month, count, key_id, count)).fetchone()
+        return counted is not None
+
+    def usage(self, key_id: str, month: str) -> int:
+        with self._pool.connection() as db:
+            row = db.execute("SELECT count FROM nolag_usage WHERE key_id = %s AND month = %s",
+                             (key_id, month)).fetchone()
+        return 0 if row is None else row[0]
+
+
+def open_key_store(settings, clock: Callable[[], float] = time.time) -> KeyStore:
+    """The key store ``settings`` name: PostgreSQL with ``store.url``, else the SQLite file
+    ``nolag.keys_path`` (default ``<data_dir>/keys.sqlite3``)."""
+    if settings.store.postgres is not None:
+        return PostgresKeyStore(pool_of(settings.store), clock)
+    return SqliteKeyStore(settings.nolag.keys_file(settings.data_dir), clock)
 
 
 def _record(row: tuple) -> KeyRecord:

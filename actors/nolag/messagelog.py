@@ -1,9 +1,12 @@
 """The NoLag message log: stored publishes (they carry a ``msgId``) for replay after a reconnect.
 
-Behind :class:`MessageLog`; the embedded default is SQLite in WAL mode, one file that every topic
-shard of the machine shares (a writer waits for another instead of failing). A shard appends the
-publishes of one batch in one transaction (:meth:`MessageLog.append_many`) before the batch's
-results go back, so a message that was acknowledged with ``published`` can be replayed.
+Behind :class:`MessageLog`, opened with :func:`open_message_log`: the embedded default is SQLite
+in WAL mode, one file (``<data_dir>/nolag-log.sqlite3``) that every topic shard of the machine
+shares (a writer waits for another instead of failing); with ``store.url`` it is the table
+``nolag_messages`` of the PostgreSQL database every node shares, so a topic shard that Ray restarts
+on another node finds its log. A shard appends the publishes of one batch in one transaction
+(:meth:`MessageLog.append_many`) before the batch's results go back, so a message that was
+acknowledged with ``published`` can be replayed.
 
 Records keep the client's packed ``data`` bytes: replay splices them into ``message`` frames
 without decoding. A ``msgId`` is stored once; appending it again is a no-op (a retried batch).
@@ -17,6 +20,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
+
+from psycopg_pool import ConnectionPool
+
+from router.postgres import create_schema, pool_of, transaction
 from router.sqlite import open_wal, write_transaction
 
 Retention = Callable[[str], "int | None"]  # topic -> milliseconds to keep, None: forever
@@ -127,3 +134,71 @@ class SqliteMessageLog(MessageLog):
 
     def close(self) -> None:
         self._db.close()
+
+
+class PostgresMessageLog(MessageLog):
+    """The log of every node in one table; ``seq`` (BIGSERIAL) is the append order. ``close``
+    leaves the process's pool open (other stores share it)."""
+
+    def __init__(self, pool: ConnectionPool, retention_ms_by_topic: Retention | None = None) -> None:
+        self._pool = pool
+        self.retention_ms_by_topic = retention_ms_by_topic or (lambda topic: DEFAULT_RETENTION_MS)
+        create_schema(pool, "nolag_messages", [
+            "CREATE TABLE IF NOT EXISTS nolag_messages (seq BIGSERIAL PRIMARY KEY, topic TEXT NOT NULL, "
+            "msg_id TEXT NOT NULL UNIQUE, ts_ms BIGINT NOT NULL, data BYTEA NOT NULL, qos SMALLINT NOT NULL, "
+            "filter TEXT)",
+            "CREATE INDEX IF NOT EXISTS nolag_messages_topic_ts ON nolag_messages (topic, ts_ms, seq)",
+        ])
+
+    def append_many(self, records: Iterable[LogRecord]) -> int:
+        rows = [(r.topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter) for r in records]
+        if not rows:
+            return 0
+        with transaction(self._pool) as db, db.cursor() as cursor:
+            # pipelined: one round trip for the batch; rowcount sums the rows each insert added
+            cursor.executemany("INSERT INTO nolag_messages (topic, msg_id, ts_ms, data, qos, filter) "
+                               "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (msg_id) DO NOTHING", rows)
+            return cursor.rowcount
+
+    def since(self, topics: list[str], after_ts_ms: int, limit: int, newest: bool = False) -> list[LogRecord]:
+        if limit <= 0 or not topics:
+            return []
+        order = "DESC" if newest else "ASC"
+        with self._pool.connection() as db:
+            rows = db.execute(
+                f"SELECT topic, msg_id, ts_ms, data, qos, filter FROM nolag_messages "
+                f"WHERE topic = ANY(%s) AND ts_ms > %s ORDER BY ts_ms {order}, seq {order} LIMIT %s",
+                (sorted(set(topics)), after_ts_ms, limit)).fetchall()
+        if newest:
+            rows.reverse()
+        return [LogRecord(*row) for row in rows]
+
+    def prune(self, now_ms: int, retention_ms_by_topic: Retention | None = None) -> int:
+        retention = retention_ms_by_topic or self.retention_ms_by_topic
+        with self._pool.connection() as db:
+            topics = [row[0] for row in db.execute("SELECT DISTINCT topic FROM nolag_messages").fetchall()]
+            cuts = [(topic, now_ms - keep) for topic in topics if (keep := retention(topic)) is not None]
+            if not cuts:
+                return 0
+            cursor = db.execute("DELETE FROM nolag_messages AS m USING unnest(%s::text[], %s::bigint[]) "
+                                "AS c (topic, cut) WHERE m.topic = c.topic AND m.ts_ms < c.cut",
+                                ([topic for topic, _ in cuts], [cut for _, cut in cuts]))
+            return cursor.rowcount
+
+    def last_stamps(self, since_ts_ms: int) -> dict[str, int]:
+        with self._pool.connection() as db:
+            rows = db.execute("SELECT topic, MAX(ts_ms) FROM nolag_messages GROUP BY topic HAVING MAX(ts_ms) >= %s",
+                              (since_ts_ms,)).fetchall()
+        return dict(rows)
+
+    def count(self) -> int:
+        with self._pool.connection() as db:
+            return db.execute("SELECT COUNT(*) FROM nolag_messages").fetchone()[0]
+
+
+def open_message_log(settings, retention_ms_by_topic: Retention | None = None) -> MessageLog:
+    """The message log ``settings`` name: PostgreSQL with ``store.url``, else
+    ``<data_dir>/nolag-log.sqlite3``."""
+    if settings.store.postgres is not None:
+        return PostgresMessageLog(pool_of(settings.store), retention_ms_by_topic)
+    return SqliteMessageLog(settings.data_dir / "nolag-log.sqlite3", retention_ms_by_topic)

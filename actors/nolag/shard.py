@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from actors.nolag.actorstore import Actor, ActorStore, Change
+from actors.nolag.actorstore import Actor, ActorStore, Change, open_actor_store
 from actors.nolag.contract import (ActorState, LobbyChange, LobbySpec, LoggedMessage, Op, PresenceChange,
                                    SubscriptionRecord, actor_key, message, topic_of)
 from actors.nolag.keys import pattern_matches
-from actors.nolag.messagelog import LogRecord, MessageLog, SqliteMessageLog
+from actors.nolag.messagelog import LogRecord, MessageLog, open_message_log
 from actors.nolag.state import Lobby, Presence, Subscriptions
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENT, Location, group_by_gateway
@@ -84,7 +84,7 @@ class NolagTopics(Component):
     @property
     def message_log(self) -> MessageLog:
         if self._log is None:
-            self._log = SqliteMessageLog(self.settings.data_dir / "nolag-log.sqlite3", self._retention_ms)
+            self._log = open_message_log(self.settings, self._retention_ms)
         return self._log
 
     def _retention_ms(self, key: str) -> int:
@@ -334,7 +334,7 @@ class NolagActors(Component):
     @property
     def store(self) -> ActorStore:
         if self._store is None:
-            self._store = ActorStore(self.settings.data_dir / "nolag-actors.sqlite3")
+            self._store = open_actor_store(self.settings)
         return self._store
 
     def _state(self, actor: str) -> Actor:

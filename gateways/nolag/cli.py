@@ -36,10 +36,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _key_store(args: argparse.Namespace):
-    from actors.nolag.keys import KeyStore
+    """The store the gateways read: PostgreSQL with ``store.url``, else ``nolag.keys_path``."""
+    from actors.nolag.keys import open_key_store
 
-    settings = settings_from_args(args)
-    return KeyStore(settings.nolag.keys_file(settings.data_dir))
+    return open_key_store(settings_from_args(args))
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ class NolagConfig(Section):
     enabled: bool = True
     path: UrlPath = "/ws"
     port: OwnPort = None
-    # Keys (`router keys create|list|revoke`); default <data_dir>/keys.sqlite3.
+    # Keys (`router keys create|list|revoke`): the SQLite file, default <data_dir>/keys.sqlite3
+    # (unused with store.url: the keys are then in PostgreSQL, shared by every node).
     keys_path: Path | None = None
     revocation_poll_s: float = Field(default=1.0, gt=0)
     auth_timeout_s: float = Field(default=10, gt=0)
@@ -76,5 +77,5 @@ class NolagConfig(Section):
     max_outbound_bytes: int = Field(default=8 * MIB, ge=64 * KIB)
 
     def keys_file(self, data_dir: Path) -> Path:
-        """The key store the gateways read and `router keys` writes."""
+        """The SQLite key store the gateways read and `router keys` writes (without ``store.url``)."""
         return self.keys_path or data_dir / "keys.sqlite3"

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple, TypeVar
 
 import aiohttp
 
@@ -47,7 +48,7 @@ from gateways.shardclient import ShardLink
 from router import contract
 from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable
-from actors.nolag.keys import KeyRecord, KeyStore, month_of, pattern_matches
+from actors.nolag.keys import KeyRecord, KeyStore, month_of, open_key_store, pattern_matches
 from router.ratelimit import TokenBucket
 from router.shardmap import SESSION, TOPIC
 
@@ -57,6 +58,12 @@ DIALECT = "nolag"
 HEARTBEAT = b""
 AUTH_ATTEMPTS = 3  # reading (or resetting) the actor's kept state, before the auth fails
 ENVELOPE_ALLOWANCE = 4096  # a frame may exceed the data limit by this much (its other fields)
+QUOTA_BLOCK = 100  # messages of a key's monthly quota a gateway reserves at once
+# Frames a connection may send while one of its frames waits for the key store (before the key is
+# read, the rate limit does not apply yet); beyond this it is closed.
+MAX_WAITING_FRAMES = 1000
+
+T = TypeVar("T")
 
 
 def room_of(topic: str) -> str:
@@ -71,19 +78,31 @@ class NolagDialect(Dialect):
         super().__init__(gateway)
         self.config = config
         self.limits = codec.Limits(max_topic_length=config.max_topic_length, max_filters=config.max_filters)
-        self.keys_path = config.keys_file(gateway.settings.data_dir)
         self._keys: KeyStore | None = None
+        self._keys_lock = threading.Lock()
         self._allowance: dict[str, int] = {}  # key id -> messages reserved from its monthly quota
+        self._reserving: dict[str, asyncio.Future] = {}  # key id -> the reservation out for it
         self._poller: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
 
-    @property
-    def keys(self) -> KeyStore:
-        if self._keys is None:
-            self._keys = KeyStore(self.keys_path)
-        return self._keys
+    async def key_store(self, call: Callable[[KeyStore], T]) -> T:
+        """``call(store)`` in a worker thread, the store opened there on first use.
+
+        The key store is synchronous (the CLI uses it too) and, on PostgreSQL, every call is a
+        network round trip: run on the event loop it would stall every connection of the gateway.
+        The calls are few (an ``auth``, a quota block of :data:`QUOTA_BLOCK` messages, a
+        revocation poll), so a thread per call costs nothing that matters, and one synchronous
+        store serves the CLI, the gateways and the tests alike.
+        """
+        return await asyncio.to_thread(self._with_keys, call)
+
+    def _with_keys(self, call: Callable[[KeyStore], T]) -> T:
+        with self._keys_lock:
+            if self._keys is None:
+                self._keys = open_key_store(self.gateway.settings)
+        return call(self._keys)
 
     def new_session(self, wire: Wire, request_headers: Any) -> "NolagSession":
         return NolagSession(self, wire)
@@ -97,7 +116,7 @@ class NolagDialect(Dialect):
         if self._http is not None:
             await self._http.close()
         if self._keys is not None:
-            self._keys.close()
+            await asyncio.to_thread(self._keys.close)
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "authenticated": sum(1 for s in self.sessions if s.key),
@@ -111,7 +130,7 @@ class NolagDialect(Dialect):
             await asyncio.sleep(self.config.revocation_poll_s)
             try:
                 checked = time.time()
-                revoked = set(self.keys.revoked_since(since))
+                revoked = set(await self.key_store(lambda keys: keys.revoked_since(since)))
                 since = checked - 1.0  # overlap: a revocation committed meanwhile is seen next time
             except Exception:
                 logger.exception("nolag: reading revoked keys failed")
@@ -121,19 +140,40 @@ class NolagDialect(Dialect):
                     if session.key is not None and session.key.key_id in revoked:
                         session.disconnect("token_invalid")
 
+    def quota_reserved(self, key: KeyRecord) -> bool:
+        """Whether a message of the key can be counted without the store: unlimited, or some of
+        the block this gateway reserved is left."""
+        return key.monthly_quota is None or self._allowance.get(key.key_id, 0) > 0
+
     def take_quota(self, key: KeyRecord) -> bool:
-        """One message against the key's monthly quota, reserved from the store in blocks."""
+        """One message against the key's monthly quota, from the block reserved (False: none left)."""
         if key.monthly_quota is None:
             return True
         left = self._allowance.get(key.key_id, 0)
         if left <= 0:
-            remaining = key.monthly_quota - self.keys.usage(key.key_id, month_of(time.time()))
-            block = min(100, remaining)
-            if block <= 0 or not self.keys.consume(key.key_id, block):
-                return False
-            left = block
+            return False
         self._allowance[key.key_id] = left - 1
         return True
+
+    async def reserve_quota(self, key: KeyRecord) -> bool:
+        """Reserve the next block of the key's monthly quota from the store; False when it is used
+        up. One reservation per key is out at a time: the key's sessions on this gateway share it."""
+        pending = self._reserving.get(key.key_id)
+        if pending is None:
+            pending = self._reserving[key.key_id] = asyncio.ensure_future(self._reserve(key))
+            pending.add_done_callback(lambda _: self._reserving.pop(key.key_id, None))
+        return await asyncio.shield(pending)  # a session that closes meanwhile leaves it to the others
+
+    async def _reserve(self, key: KeyRecord) -> bool:
+        def reserve(keys: KeyStore) -> int:
+            remaining = key.monthly_quota - keys.usage(key.key_id, month_of(time.time()))
+            block = min(QUOTA_BLOCK, remaining)
+            return block if block > 0 and keys.consume(key.key_id, block) else 0
+
+        block = await self.key_store(reserve)
+        if block:
+            self._allowance[key.key_id] = self._allowance.get(key.key_id, 0) + block
+        return block > 0
 
     def hydration_url(self, topic: str) -> str | None:
         for hook in self.config.hydration:
@@ -207,6 +247,9 @@ class NolagSession(DialectSession):
         self.record_scheduled = False
         self.present: dict[str | None, tuple[Any, int]] = {}  # room -> (presence data, joinedAt)
         self.tasks: set[asyncio.Task] = set()
+        # Frames (with their meta, taken on arrival) that came while one waits for the key store:
+        # handled in order after it.
+        self.waiting: deque[tuple[bytes, tuple | None]] | None = None
         self.last_checkpoint = 0.0
         self.checkpointed: tuple | None = None  # what the session shard was last told
 
@@ -215,12 +258,26 @@ class NolagSession(DialectSession):
     def on_message(self, data: bytes, is_text: bool) -> None:
         if self.closed:
             return
+        waiting = self.waiting
+        if waiting is not None:  # a frame waits for the key store: this one keeps its place behind it
+            if len(waiting) >= MAX_WAITING_FRAMES:
+                self._shut(1008, "too many frames while the key was read")
+                return
+            waiting.append((data, self.gateway.event_meta(DIALECT) if data else None))
+            return
+        self._receive(data)
+
+    def _receive(self, data: bytes, meta: tuple | None = None, reserved: Any = None) -> None:
+        """One frame (``meta``: taken when it arrived, if it waited). ``reserved``: the store's
+        answer when it waited for a block of the key's quota (True, False: used up, or the
+        exception); its rate was counted then."""
         if not data:  # the heartbeat: echoed once authenticated
             if self.key is not None:
                 self._send(HEARTBEAT)
             return
         gateway = self.gateway
-        meta = gateway.event_meta(DIALECT)
+        if meta is None:
+            meta = gateway.event_meta(DIALECT)
         size = len(data)
         try:
             if size > self.config.max_message_bytes + ENVELOPE_ALLOWANCE:
@@ -232,9 +289,18 @@ class NolagSession(DialectSession):
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))
-            if self.key is not None and self.bucket.take(time.monotonic()):
+            if self.key is not None and reserved is None and self.bucket.take(time.monotonic()):
                 raise codec.nolag_error("rate_limit_exceeded", f"more than {self.bucket.rate:g} messages per second",
                                         getattr(request, "topic", None), getattr(request, "msg_ref", None))
+            if kind == "Publish" and self.key is not None and not self.dialect.quota_reserved(self.key):
+                if reserved is None or reserved is True:  # True: another session took the block first
+                    # the gateway's block of the key's quota is used up: this frame waits for the next
+                    key, dialect = self.key, self.dialect
+                    self._wait(lambda: dialect.reserve_quota(key), lambda answer: self._receive(data, meta, answer))
+                    return
+                if isinstance(reserved, Exception):
+                    raise codec.nolag_error("internal_error", "the router could not read the key's quota; retry",
+                                            request.topic, request.msg_ref)
             if isinstance(request, codec.Auth):
                 self._auth(request)
             elif self.key is None:
@@ -278,9 +344,19 @@ class NolagSession(DialectSession):
     # -- auth and reconnect ---------------------------------------------------------------------
 
     def _auth(self, request: codec.Auth) -> None:
+        """The token is checked by the key store off the event loop; frames sent behind the
+        ``auth`` wait for the answer, as if it had been immediate."""
         if self.key is not None or self.authenticating:
             raise NolagError("already_authenticated", None, "this connection is authenticated")
-        key = self.dialect.keys.verify(request.token)
+        token = request.token
+        self._wait(lambda: self.dialect.key_store(lambda keys: keys.verify(token)),
+                   lambda key: self._verified(request, key))
+
+    def _verified(self, request: codec.Auth, key: Any) -> None:
+        if isinstance(key, Exception):
+            self._send(codec.auth_failed("internal_error"))
+            self._shut(1011, "the router could not read the key")
+            return
         if key is None or (request.project_id is not None and request.project_id != key.project_id):
             self._send(codec.auth_failed("access_denied"))
             self._shut(1008, "access denied")
@@ -813,6 +889,33 @@ class NolagSession(DialectSession):
         task = asyncio.get_running_loop().create_task(coroutine)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _wait(self, call: Callable[[], Awaitable], resume: Callable[[Any], None]) -> None:
+        """A frame needs the key store (off the event loop): it goes on with ``resume(answer)`` of
+        ``await call()`` (the exception, if it failed), and the frames that arrive meanwhile wait
+        behind it, so the connection's frames are still handled in the order they came."""
+        self.waiting = deque()
+        self._spawn(self._resume(call, resume))
+
+    async def _resume(self, call: Callable[[], Awaitable], resume: Callable[[Any], None]) -> None:
+        try:
+            answer = await call()
+        except Exception as failure:
+            logger.warning("nolag: the key store failed: %r", failure)
+            answer = failure
+        if self.closed:
+            return
+        waiting, self.waiting = self.waiting, None
+        try:
+            resume(answer)
+            while waiting and self.waiting is None and not self.closed:
+                self._receive(*waiting.popleft())
+        except Exception:  # as the server does when a frame fails
+            logger.exception("connection %s: nolag failed on a message", self.wire.id)
+            self._shut(1011, "internal error")
+            return
+        if self.waiting is not None:  # a frame waits again: the rest stay behind it
+            self.waiting.extend(waiting)
 
 
 def _selects(sub: _Subscription, filter_: str | None) -> bool:

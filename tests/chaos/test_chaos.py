@@ -32,7 +32,7 @@ import ray
 from gateways.cashu.feed import FeedError
 from gateways.mx import codec as mx_codec
 from gateways.mx import generator, node
-from actors.nolag.keys import KeyStore
+from actors.nolag.keys import open_key_store
 from router.shardmap import GATEWAY_PREFIX
 from tests.e2e.baqend_client import Events, Rest, brief, key_of
 from tests.e2e.cashu_client import API_KEY, Wallet, push
@@ -128,7 +128,7 @@ class Traffic:
         self.node = await Node.open(self.save_url)
         self.rest = Rest(self.http_url + "/v1")
         await self.rest.__aenter__()
-        keys = KeyStore(self.data_dir / "keys.sqlite3")
+        keys = open_key_store(self.joiner.settings)
         self.subscriber = await NoLagClient.open(self.nolag_url, keys.create("chaos")[0])
         await self.subscriber.subscribe("chaos/room/nolag", qos=1)
         self.publisher = await NoLagClient.open(self.nolag_url, keys.create("chaos")[0])

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 import ray
 
-from actors.nolag.keys import KeyStore
+from actors.nolag.keys import open_key_store
 from router import contract
 from router.shardmap import TOPIC as TOPIC_SHARD, shard_name
 from tests.e2e.client import eventually, run
@@ -62,7 +62,7 @@ class Webhook:
 class NolagRouter:
     def __init__(self, running: RunningRouter, data_dir: Path, webhook: Webhook) -> None:
         self.running = running
-        self.keys = KeyStore(data_dir / "keys.sqlite3")
+        self.keys = open_key_store(running.settings)
         self.webhook = webhook
         ports = [gateway["listeners"][0]["port"] for gateway in running.router.endpoints()]
         self.urls = [f"ws://127.0.0.1:{port}/ws" for port in ports]

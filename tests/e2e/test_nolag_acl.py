@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nolag.keys import KeyStore
+from actors.nolag.keys import open_key_store
 from tests.e2e.client import run
 from tests.e2e.conftest import start_router
 from tests.e2e.nolag_client import Client
@@ -27,7 +27,7 @@ GENERAL_ONLY = {"publish": ["chat/general/#"], "subscribe": ["chat/general/#"]}
 class AclRouter:
     def __init__(self, running, data_dir: Path) -> None:
         self.running = running
-        self.keys = KeyStore(data_dir / "keys.sqlite3")
+        self.keys = open_key_store(running.settings)
         port = running.router.endpoints()[0]["listeners"][0]["port"]
         self.url = f"ws://127.0.0.1:{port}/ws"
 

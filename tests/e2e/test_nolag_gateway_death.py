@@ -22,7 +22,7 @@ import pytest
 import ray
 
 from actors.nolag.contract import room_key, topic_key
-from actors.nolag.keys import KeyStore
+from actors.nolag.keys import KeyStore, open_key_store
 from gateways.nolag.session import room_of
 from router.shardmap import shard_index
 from tests.e2e.client import run
@@ -61,7 +61,7 @@ def nolag_death(ray_runtime, tmp_path_factory) -> DeathRouter:
         signal={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False}, baqend={"enabled": False},
         gateway={"sweep_interval_s": 0.1},
     )
-    yield DeathRouter(running, KeyStore(data_dir / "keys.sqlite3"))
+    yield DeathRouter(running, open_key_store(running.settings))
     running.router.stop()
 
 

@@ -27,7 +27,7 @@ import ray
 from websockets.exceptions import ConnectionClosed
 
 from actors.nolag.contract import actor_key, room_key, topic_key
-from actors.nolag.keys import KeyStore
+from actors.nolag.keys import KeyStore, open_key_store
 from router.shardmap import SESSION, TOPIC, shard_index
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, free_consecutive_ports, start_router
@@ -68,7 +68,7 @@ def nolag_heal(ray_runtime, tmp_path_factory) -> HealRouter:
         gateway={"sweep_interval_s": 0.1},
         nolag={"lobbies": {"heal": {"prefix": "heal-"}}},
     )
-    yield HealRouter(running, KeyStore(data_dir / "keys.sqlite3"))
+    yield HealRouter(running, open_key_store(running.settings))
     running.router.stop()
     HEALING.report("NoLag")
 

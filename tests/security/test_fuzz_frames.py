@@ -61,7 +61,7 @@ import psutil
 import ray
 from websockets.frames import Opcode
 
-from actors.nolag.keys import KeyStore
+from actors.nolag.keys import KeyStore, open_key_store
 from gateways.mx import codec as mx_codec
 from gateways.mx import generator, node
 from gateways.mx.bech32 import encode_address
@@ -980,7 +980,7 @@ async def _sample_peak(process: psutil.Process, stop: asyncio.Event, peak: list[
 
 def test_hostile_frames_on_every_dialect_leave_the_router_serving(fuzzed, tmp_path):
     settings = fuzzed.settings
-    keys = KeyStore(settings.nolag.keys_file(settings.data_dir))
+    keys = open_key_store(settings)
     nolag_token, _ = keys.create("fz", rate_limit_per_s=100_000)
     port = fuzzed.router.endpoints()[0]["listeners"][0]["port"]
     shards_before = _shard_info(fuzzed)

@@ -1,4 +1,8 @@
-"""router/keys.py: tokens, hashed secrets, ACL patterns, revocation, monthly quota, the CLI."""
+"""actors/nolag/keys.py: tokens, hashed secrets, ACL patterns, revocation, monthly quota, the CLI.
+
+The store's tests take ``store_settings`` and open the store with ``open_key_store``: each runs on
+SQLite and on PostgreSQL.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,15 @@ import calendar
 import json
 import re
 import sqlite3
+import threading
 
+import psycopg
 import pytest
 
 from router import cli
-from actors.nolag.keys import AclError, KeyRecord, KeyStore, month_of, parse_pattern, parse_token, pattern_matches
+from router.settings import load_settings
+from actors.nolag.keys import (AclError, KeyRecord, KeyStore, PostgresKeyStore, SqliteKeyStore, month_of,
+                               open_key_store, parse_pattern, parse_token, pattern_matches)
 
 
 class Clock:
@@ -27,10 +35,18 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def store(tmp_path, clock) -> KeyStore:
-    keys = KeyStore(tmp_path / "keys.sqlite3", clock)
+def store(store_settings, clock) -> KeyStore:
+    keys = open_key_store(store_settings, clock)
     yield keys
     keys.close()
+
+
+def test_the_factory_picks_the_backend(store_settings, store):
+    if store_settings.store.postgres is None:
+        assert type(store) is SqliteKeyStore and store.path == store_settings.data_dir / "keys.sqlite3"
+    else:
+        assert type(store) is PostgresKeyStore
+        assert not (store_settings.data_dir / "keys.sqlite3").exists()
 
 
 def test_create_returns_a_token_that_verifies(store, clock):
@@ -45,15 +61,24 @@ def test_create_returns_a_token_that_verifies(store, clock):
                                                     ("chat/*/messages",), 10, 1000, clock.now, None)
 
 
-def test_only_a_salted_hash_of_the_secret_is_stored(store, tmp_path):
+def test_only_a_salted_hash_of_the_secret_is_stored(store, store_settings, clock):
     token, record = store.create("p")
+    clock.now += 1
     other_token, _ = store.create("p")
     secret = token.split(".")[1]
-    raw = (tmp_path / "keys.sqlite3").read_bytes() + (tmp_path / "keys.sqlite3-wal").read_bytes()
-    assert secret.encode() not in raw
-    db = sqlite3.connect(tmp_path / "keys.sqlite3")
-    (salt_a, hash_a), (salt_b, hash_b) = db.execute("SELECT salt, secret_hash FROM keys ORDER BY rowid").fetchall()
-    db.close()
+    url = store_settings.store.postgres
+    if url is None:
+        path = store_settings.data_dir / "keys.sqlite3"
+        raw = path.read_bytes() + path.with_name("keys.sqlite3-wal").read_bytes()
+        db = sqlite3.connect(path)
+        rows = db.execute("SELECT * FROM keys ORDER BY created_at").fetchall()
+        db.close()
+    else:
+        with psycopg.connect(url) as db:
+            rows = db.execute("SELECT * FROM nolag_keys ORDER BY created_at").fetchall()
+        raw = repr(rows).encode()
+    assert secret.encode() not in raw and secret not in repr(rows)
+    (salt_a, hash_a), (salt_b, hash_b) = [(bytes(row[3]), bytes(row[4])) for row in rows]
     assert len(salt_a) == 16 and len(hash_a) == 32 and salt_a != salt_b and hash_a != hash_b
 
 
@@ -188,28 +213,78 @@ def test_consume_unlimited_unknown_and_zero_quota(store, clock):
         store.consume(unlimited.key_id, -1)
 
 
-def test_two_processes_share_the_file(tmp_path, clock):
-    one = KeyStore(tmp_path / "k.sqlite3", clock)
-    two = KeyStore(tmp_path / "k.sqlite3", clock)
+def test_two_processes_share_the_store(store_settings, clock):
+    one = open_key_store(store_settings, clock)
+    two = open_key_store(store_settings, clock)
     token, record = one.create("p", monthly_quota=3)
-    assert two.verify(token) == record
+    assert two.verify(token) == record and two.list() == [record]
     assert one.consume(record.key_id, 2) and not two.consume(record.key_id, 2) and two.consume(record.key_id, 1)
     assert one.usage(record.key_id, month_of(clock.now)) == 3
     assert two.revoke(record.key_id) and one.verify(token) is None
-    assert one._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert one.revoked_since(clock.now) == [record.key_id]
+    if store_settings.store.postgres is None:
+        assert one._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     one.close()
     two.close()
 
 
-def test_cli_create_list_revoke(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("ROUTER_DATA_DIR", str(tmp_path))
+def test_a_reopened_store_keeps_keys_and_usage(store_settings, clock):
+    first = open_key_store(store_settings, clock)
+    token, record = first.create("p", monthly_quota=5)
+    assert first.consume(record.key_id, 4)
+    first.close()
+    again = open_key_store(store_settings, clock)
+    assert again.verify(token) == record
+    assert again.usage(record.key_id, month_of(clock.now)) == 4
+    assert not again.consume(record.key_id, 2) and again.consume(record.key_id, 1)
+    again.close()
+
+
+def test_concurrent_consumers_never_exceed_the_quota(store_settings, clock):
+    """Two store objects (two gateways) consume one message at a time from 4 threads at once:
+    exactly the quota is granted, and the usage is exactly the quota."""
+    stores = [open_key_store(store_settings, clock) for _ in range(2)]
+    _, record = stores[0].create("p", monthly_quota=150)
+    granted = [0] * 4
+    start = threading.Barrier(4, timeout=30)
+
+    def consume(index: int) -> None:
+        store = stores[index % 2]
+        start.wait()
+        for _ in range(60):
+            granted[index] += store.consume(record.key_id, 1)
+
+    threads = [threading.Thread(target=consume, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert sum(granted) == 150
+    assert stores[1].usage(record.key_id, month_of(clock.now)) == 150
+    assert stores[0].consume(record.key_id, 0) and not stores[1].consume(record.key_id, 1)
+    for store in stores:
+        store.close()
+
+
+def _store_env(monkeypatch, store_settings) -> None:
+    """`router keys` reads its settings from the environment: the same store as ``store_settings``."""
+    monkeypatch.setenv("ROUTER_DATA_DIR", str(store_settings.data_dir))
     monkeypatch.delenv("ROUTER_CONFIG", raising=False)
+    if store_settings.store.postgres is None:
+        monkeypatch.delenv("ROUTER_STORE__URL", raising=False)
+    else:
+        monkeypatch.setenv("ROUTER_STORE__URL", store_settings.store.postgres)
+
+
+def test_cli_create_list_revoke(store_settings, monkeypatch, capsys):
+    _store_env(monkeypatch, store_settings)
     assert cli.main(["keys", "create", "--project", "proj_1", "--sandbox", "--publish", "chat/*/messages", "news/#",
                      "--rate-limit", "20", "--monthly-quota", "500"]) == 0
     out = capsys.readouterr().out.splitlines()
     key_id = out[0].removeprefix("key id: ")
     token = out[1].removeprefix("token:  ")
-    store = KeyStore(tmp_path / "keys.sqlite3")
+    store = open_key_store(store_settings)
     record = store.verify(token)
     assert (record.key_id, record.environment, record.project_id, record.publish, record.subscribe,
             record.rate_limit_per_s, record.monthly_quota) == (
@@ -231,14 +306,16 @@ def test_cli_create_list_revoke(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_writes_the_store_the_gateway_reads(tmp_path, monkeypatch, capsys):
-    """`nolag.keys_path` moves the key store: `router keys` must write where the gateway reads."""
+    """`nolag.keys_path` moves the SQLite key store: `router keys` must write where the gateway reads."""
     monkeypatch.setenv("ROUTER_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("ROUTER_NOLAG__KEYS_PATH", str(tmp_path / "elsewhere" / "keys.db"))
     monkeypatch.delenv("ROUTER_CONFIG", raising=False)
+    monkeypatch.delenv("ROUTER_STORE__URL", raising=False)
     (tmp_path / "elsewhere").mkdir()
     assert cli.main(["keys", "create", "--project", "proj_1"]) == 0
     token = capsys.readouterr().out.splitlines()[1].removeprefix("token:  ")
-    store = KeyStore(tmp_path / "elsewhere" / "keys.db")
+    store = open_key_store(load_settings())  # as the gateway opens it
+    assert store.path == tmp_path / "elsewhere" / "keys.db"
     assert store.verify(token).project_id == "proj_1"
     assert not (tmp_path / "data" / "keys.sqlite3").exists()
     store.close()

@@ -1,21 +1,34 @@
-"""actors/messagelog.py: appends in one transaction, replay order and limits, per-topic retention."""
+"""actors/nolag/messagelog.py: appends in one transaction, replay order and limits, per-topic retention.
+
+Every test takes ``store_settings`` and opens the log with ``open_message_log``: each runs on
+SQLite and on PostgreSQL.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 
 import msgpack
+import psycopg
 import pytest
 
 from actors.nolag import messagelog
-from actors.nolag.messagelog import LogRecord, SqliteMessageLog
+from actors.nolag.messagelog import LogRecord, MessageLog, PostgresMessageLog, SqliteMessageLog, open_message_log
 
 
 @pytest.fixture
-def log(tmp_path) -> SqliteMessageLog:
-    store = SqliteMessageLog(tmp_path / "log" / "messages.sqlite3")
+def log(store_settings) -> MessageLog:
+    store = open_message_log(store_settings)
     yield store
     store.close()
+
+
+def test_the_factory_picks_the_backend(store_settings, log):
+    if store_settings.store.postgres is None:
+        assert type(log) is SqliteMessageLog and log.path == store_settings.data_dir / "nolag-log.sqlite3"
+    else:
+        assert type(log) is PostgresMessageLog
+        assert not (store_settings.data_dir / "nolag-log.sqlite3").exists()
 
 
 def record(topic: str, msg_id: str, ts_ms: int, qos: int = 1, filter: str | None = None) -> LogRecord:
@@ -62,12 +75,15 @@ def test_a_msg_id_is_stored_once(log):
     assert log.append_many([]) == 0
 
 
-def test_a_failing_batch_stores_nothing(log):
-    with pytest.raises(sqlite3.IntegrityError):
+def test_a_failing_batch_stores_nothing(log, store_settings):
+    error = sqlite3.IntegrityError if store_settings.store.postgres is None else psycopg.errors.NotNullViolation
+    log.append("a/b/c", "before", 0, b"\x01", 1)
+    with pytest.raises(error):
         log.append_many([record("a/b/c", "ok", 1), LogRecord("a/b/c", "bad", 2, None, 1)])  # NOT NULL data
-    assert log.count() == 0
-    log.append("a/b/c", "after", 3, b"\xc0", 0)
     assert log.count() == 1
+    log.append("a/b/c", "after", 3, b"\xc0", 0)
+    assert [(r.msg_id, r.data_packed) for r in log.since(["a/b/c"], -1, 10)] == [
+        ("before", b"\x01"), ("after", b"\xc0")]
 
 
 def test_prune_with_per_topic_retention(log):
@@ -83,18 +99,36 @@ def test_prune_with_per_topic_retention(log):
     assert log.prune(day + 1, lambda topic: None) == 0
 
 
-def test_configured_default_retention_and_sharing_the_file(tmp_path):
-    path = tmp_path / "m.sqlite3"
-    one = SqliteMessageLog(path, retention_ms_by_topic=lambda topic: 10)
-    two = SqliteMessageLog(path)
+def test_configured_default_retention_and_sharing_the_store(store_settings):
+    one = open_message_log(store_settings, lambda topic: 10)
+    two = open_message_log(store_settings)
     one.append("a/b/c", "m1", 0, b"\x01", 1)
     two.append("a/b/c", "m2", 5, b"\x02", 2)
     assert [r.msg_id for r in two.since(["a/b/c"], -1, 10)] == ["m1", "m2"]
+    assert two.append_many([record("a/b/c", "m1", 7)]) == 0  # the other store's msgId
     assert one.prune(12) == 1
     assert [r.data_packed for r in two.since(["a/b/c"], -1, 10)] == [b"\x02"]
-    assert one._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if store_settings.store.postgres is None:
+        assert one._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     one.close()
     two.close()
-    reopened = SqliteMessageLog(path)
+    reopened = open_message_log(store_settings)
     assert reopened.count() == 1
+    assert reopened.since(["a/b/c"], -1, 10) == [LogRecord("a/b/c", "m2", 5, b"\x02", 2, None)]
     reopened.close()
+
+
+def test_last_stamps_per_topic(log):
+    assert log.last_stamps(0) == {}
+    log.append_many([record("a/a/a", "a1", 100), record("a/a/a", "a2", 300), record("b/b/b", "b1", 200),
+                     record("c/c/c", "c1", 50)])
+    assert log.last_stamps(200) == {"a/a/a": 300, "b/b/b": 200}  # at or after
+    assert log.last_stamps(0) == {"a/a/a": 300, "b/b/b": 200, "c/c/c": 50}
+    assert log.last_stamps(301) == {}
+
+
+def test_ties_keep_the_append_order_across_batches(log):
+    log.append_many([record("t/t/t", "z", 5), record("t/t/t", "a", 5)])
+    log.append_many([record("t/t/t", "m", 5), record("t/t/t", "b", 4)])
+    assert [r.msg_id for r in log.since(["t/t/t"], 0, 10)] == ["b", "z", "a", "m"]
+    assert [r.msg_id for r in log.since(["t/t/t"], 0, 2, newest=True)] == ["a", "m"]
