@@ -27,6 +27,7 @@ from typing import Callable
 from psycopg_pool import ConnectionPool
 
 from actors.nolag.contract import SubscriptionRecord
+from router.pgtext import from_text, to_text
 from router.postgres import create_schema, pool_of, transaction
 from router.sqlite import open_wal, write_transaction
 
@@ -196,20 +197,25 @@ class PostgresActorStore(ActorStore):
 
     def load(self, owned: Callable[[str], bool]) -> dict[str, Actor]:
         with self._pool.connection() as db:
-            return _loaded(db.execute("SELECT actor, acks FROM nolag_actors").fetchall(),
-                           db.execute("SELECT actor, topic, qos, filters, load_balance, grp, resume, floor "
-                                      "FROM nolag_subscriptions").fetchall(),
-                           db.execute("SELECT actor, msg_id, topic, ts_ms FROM nolag_seen ORDER BY seq").fetchall(),
-                           owned)
+            return _loaded(*(_from_text(db.execute(query).fetchall()) for query in (
+                "SELECT actor, acks FROM nolag_actors",
+                "SELECT actor, topic, qos, filters, load_balance, grp, resume, floor FROM nolag_subscriptions",
+                "SELECT actor, msg_id, topic, ts_ms FROM nolag_seen ORDER BY seq")), owned)
 
     def commit(self, actors: dict[str, Actor], changes: list[Change]) -> None:
-        runs = _runs(_statements(actors, changes))
+        # actor names, groups and QoS 2 ids come from clients: text without NUL (router/pgtext.py)
+        runs = [(name, [tuple(to_text(value) if type(value) is str else value for value in row) for row in rows])
+                for name, rows in _runs(_statements(actors, changes))]
         if not runs:
             return
         # pipelined: the writes go out without waiting for each other, answered together at the end
         with transaction(self._pool) as db, db.pipeline(), db.cursor() as cursor:
             for name, rows in runs:
                 cursor.executemany(_POSTGRES[name], rows)
+
+
+def _from_text(rows: list[tuple]) -> list[tuple]:
+    return [tuple(from_text(value) if type(value) is str else value for value in row) for row in rows]
 
 
 def open_actor_store(settings) -> ActorStore:

@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 
 from psycopg_pool import ConnectionPool
 
+from router.pgtext import from_text, to_text
 from router.postgres import create_schema, pool_of, transaction
 from router.sqlite import open_wal, write_transaction
 
@@ -151,7 +152,9 @@ class PostgresMessageLog(MessageLog):
         ])
 
     def append_many(self, records: Iterable[LogRecord]) -> int:
-        rows = [(r.topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter) for r in records]
+        # ids and filters come from clients: text without NUL (router/pgtext.py)
+        rows = [(r.topic, to_text(r.msg_id), r.ts_ms, r.data_packed, r.qos,
+                 None if r.filter is None else to_text(r.filter)) for r in records]
         if not rows:
             return 0
         with transaction(self._pool) as db, db.cursor() as cursor:
@@ -171,7 +174,8 @@ class PostgresMessageLog(MessageLog):
                 (sorted(set(topics)), after_ts_ms, limit)).fetchall()
         if newest:
             rows.reverse()
-        return [LogRecord(*row) for row in rows]
+        return [LogRecord(topic, from_text(msg_id), ts_ms, data, qos, None if filter is None else from_text(filter))
+                for topic, msg_id, ts_ms, data, qos, filter in rows]
 
     def prune(self, now_ms: int, retention_ms_by_topic: Retention | None = None) -> int:
         retention = retention_ms_by_topic or self.retention_ms_by_topic

@@ -132,3 +132,11 @@ def test_ties_keep_the_append_order_across_batches(log):
     log.append_many([record("t/t/t", "m", 5), record("t/t/t", "b", 4)])
     assert [r.msg_id for r in log.since(["t/t/t"], 0, 10)] == ["b", "z", "a", "m"]
     assert [r.msg_id for r in log.since(["t/t/t"], 0, 2, newest=True)] == ["a", "m"]
+
+
+def test_client_chosen_text_with_nul_is_stored_and_read_back(log):
+    """A publish's filter comes from the client: PostgreSQL text cannot hold NUL, and one such
+    filter must not fail the batch it is appended with (router/pgtext.py)."""
+    records = [record("a/b/c", "m\x00\x01", 1, filter="f\x00\x01x"), record("a/b/c", "m2", 2, filter="plain")]
+    assert log.append_many(records) == 2
+    assert log.since(["a/b/c"], 0, 10) == records

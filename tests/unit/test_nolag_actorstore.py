@@ -179,3 +179,14 @@ def test_ids_recorded_but_never_written_are_forgotten_again(store_settings):
     ask(shard, nolag.actor_save(A, T, RECORD, 0), nolag.actor_seen(A, (("q1", T, 1), ("q2", T, 2))))
     assert ask(shard, nolag.actor_unseen(A, ("q2", "unknown")), nolag.actor_unseen("actor_x", ("q1",))) == [True, True]
     assert ask(build(store_settings), nolag.actor_get(A))[0].seen == ["q1"]
+
+
+def test_client_chosen_text_with_nul_is_stored_and_read_back(store_settings):
+    """Actor names, load-balance groups and ids come from clients: NUL survives on both stores."""
+    store = open_actor_store(store_settings)
+    name, topic = "actor\x00\x01", "a/b/c"
+    actor = Actor({topic: SubscriptionRecord(1, ("f\x00",), True, "group\x00")}, {topic: 3}, {})
+    actor.seen["id\x00"] = (topic, 3)
+    store.commit({name: actor}, [("sub", name, topic), ("seen", name, "id\x00", topic, 3)])
+    assert store.load(lambda owner: True) == {name: actor}
+    store.close()
