@@ -37,7 +37,7 @@ def _healing(call: Any) -> bool:
 class BaqendDocuments(Component):
     """The documents whose id hashes to this shard.
 
-    Each write is checked (version, acl), buffered, and committed to SQLite at the end of the
+    Each write is checked (version, acl), buffered, and committed to its store at the end of the
     batch; then the batch's (before, after) images are sent to every query shard in one call
     each, stamped ``(index, epoch, seq)`` (see :mod:`actors.baqend.livequeries` for why that keeps
     initial results and events consistent).

@@ -7,8 +7,8 @@ several shards (its topics and its rooms hash apart), so every hook scans every 
 component: a purge that looked only at rooms left subscriptions behind as ghosts that still won
 load-balanced turns.
 
-Session shards hold what each actor keeps while away (``NolagActors``), durable in SQLite. A
-topic shard that Ray restarted gets its subscriptions, rooms, presence and lobby listeners back
+Session shards hold what each actor keeps while away (``NolagActors``), durable in its store
+(SQLite or PostgreSQL). A topic shard that Ray restarted gets its subscriptions, rooms, presence and lobby listeners back
 from the gateways (``docs/nolag.md``, "Restarts and failures"); a re-announced subscription is
 caught up from the log with what this incarnation stamped after the last message it got.
 """
@@ -309,7 +309,7 @@ class NolagTopics(Component):
 
 class NolagActors(Component):
     """Each NoLag actor's subscriptions, replay positions, whether it acks and its QoS 2 ids, kept
-    while it is away: in memory, and in SQLite (``nolag-actors.sqlite3``) committed in
+    while it is away: in memory, and in the actor store (``actors/nolag/actorstore.py``) committed in
     ``after_batch`` before the batch's results leave, reloaded by ``restore()``."""
 
     name = "nolag"
