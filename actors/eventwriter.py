@@ -10,7 +10,6 @@ files go to that node's data directory) and owned by the gateway, so it goes whe
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import ray
 
@@ -26,7 +25,7 @@ class EventLogWriter:
             os.nice(10)
         except OSError:
             pass
-        self.log = EventLog(Path(directory), gateway_id, retention_hours=retention_hours)
+        self.log = EventLog(directory, gateway_id, retention_hours=retention_hours)  # a folder or a URL
         self.log.warm_up().result()
 
     def ready(self) -> bool:

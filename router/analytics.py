@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
-from router.eventlog import COLUMNS, SCHEMA
+from router.eventlog import COLUMNS, SCHEMA, Location, event_location, folder_hour
 
 logger = logging.getLogger(__name__)
 
@@ -93,38 +93,43 @@ def java_runtime() -> str:
     return first[0] if first else java
 
 
-def _hour_of(path: Path) -> int | None:
-    """The UTC hour (epoch hours) of a file under date=YYYY-MM-DD/hour=HH."""
-    try:
-        date = path.parent.parent.name.removeprefix("date=")
-        hour = int(path.parent.name.removeprefix("hour="))
-        day = dt.datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc)
-    except ValueError:
-        return None
-    return int(day.timestamp()) // 3600 + hour
+def _hour_folders(location: Location) -> list[tuple[int, str]]:
+    """(epoch hour, folder) of every date=…/hour=… folder of the log, in order."""
+    return [
+        (hour, folder.path)
+        for day in location.folders(location.root, "date=")
+        for folder in location.folders(day.path, "hour=")
+        if (hour := folder_hour(day.base_name, folder.base_name)) is not None
+    ]
 
 
-def event_files(events_dir: Path, since_ns: int | None = None, until_ns: int | None = None) -> list[Path]:
-    """Parquet files of the log whose hour overlaps [since, until]; AnalyticsError when none."""
-    events_dir = Path(events_dir)
-    files = sorted(p for p in events_dir.glob("date=*/hour=*/*.parquet") if not p.name.startswith("."))
-    hours = [(path, hour) for path in files if (hour := _hour_of(path)) is not None]
-    if not hours:
-        raise AnalyticsError(
-            f"the event log at {events_dir} is empty: run traffic through the router with "
-            "analytics.enabled = true (the default), or point --events / ROUTER_DATA_DIR at the right place"
-        )
-    first_hour = min(h for _, h in hours)
-    last_hour = max(h for _, h in hours)
+def event_files(events_dir: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> list[str]:
+    """Parquet files of the log whose hour overlaps [since, until], as Spark reads them (a local path,
+    or a URL in Spark's scheme: ``s3a://`` for ``s3://``); AnalyticsError when none.
+
+    ``events_dir`` is a local folder or a URL of pyarrow's filesystems (``router.eventlog.event_location``).
+    Only the folders of the hours in range are listed (in an object store, a request or more each).
+    """
+    location = event_location(events_dir)
+    folders = _hour_folders(location)
     low = None if since_ns is None else since_ns // HOUR_NS
     high = None if until_ns is None else until_ns // HOUR_NS
-    chosen = [p for p, h in hours if (low is None or h >= low) and (high is None or h <= high)]
-    if not chosen:
+    in_range = {folder for hour, folder in folders if (low is None or hour >= low) and (high is None or hour <= high)}
+    files = [location.spark_path(path) for _, folder in folders if folder in in_range
+             for path in location.files(folder, ".parquet")]
+    if files:
+        return files
+    # The error says which hours the log holds: only then are the other folders listed.
+    held = [hour for hour, folder in folders if folder not in in_range and location.files(folder, ".parquet")]
+    if not held:
         raise AnalyticsError(
-            f"no events in the requested time range {_describe_range(since_ns, until_ns)}: the log holds events "
-            f"from {_hour_label(first_hour)} to {_hour_label(last_hour + 1)} UTC"
+            f"the event log at {location.display} is empty: run traffic through the router with "
+            "analytics.enabled = true (the default), or point --events / ROUTER_DATA_DIR at the right place"
         )
-    return chosen
+    raise AnalyticsError(
+        f"no events in the requested time range {_describe_range(since_ns, until_ns)}: the log holds events "
+        f"from {_hour_label(min(held))} to {_hour_label(max(held) + 1)} UTC"
+    )
 
 
 def _hour_label(epoch_hour: int) -> str:
@@ -149,10 +154,13 @@ def spark_session(
     app_name: str = "router-analytics",
     executor_memory: str = "1G",
     progress: Callable[[str], None] = lambda message: None,
+    configs: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
     """Spark on Ray through RayDP: on the running cluster (``address`` or auto), else a local Ray.
 
-    Spark is always stopped (``raydp.stop_spark``) on the way out, error or not.
+    ``configs`` adds Spark settings, e.g. the Hadoop connector of an object store
+    (``spark.jars.packages``, ``spark.hadoop.fs.s3a.*``: docs/analytics.md). Spark is always stopped
+    (``raydp.stop_spark``) on the way out, error or not.
     """
     version = java_runtime()
     progress(f"Java: {version}")
@@ -180,6 +188,7 @@ def spark_session(
             "spark.sql.session.timeZone": "UTC",
             "spark.ui.showConsoleProgress": "true",
             "spark.sql.shuffle.partitions": "8",
+            **(configs or {}),
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -200,11 +209,12 @@ def spark_schema() -> Any:
 
 
 def load_events(spark: Any, events_dir: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Any:
-    """The event log as a Spark DataFrame (columns of :data:`router.eventlog.SCHEMA`), time-filtered."""
+    """The event log (a folder or a URL) as a Spark DataFrame (columns of :data:`router.eventlog.SCHEMA`),
+    time-filtered."""
     from pyspark.sql import functions as F
 
-    files = event_files(Path(events_dir), since_ns, until_ns)
-    frame = spark.read.schema(spark_schema()).parquet(*(str(p) for p in files))
+    files = event_files(events_dir, since_ns, until_ns)
+    frame = spark.read.schema(spark_schema()).parquet(*files)
     if since_ns is not None:
         frame = frame.filter(F.col("ts_ns") >= since_ns)
     if until_ns is not None:
@@ -444,7 +454,7 @@ def summary_text(frames: dict[str, Any]) -> str:
 
 
 def run_report(
-    events_dir: Path,
+    events_dir: str | Path,
     out_dir: Path,
     since_ns: int | None = None,
     until_ns: int | None = None,
@@ -453,14 +463,16 @@ def run_report(
     address: str | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> Report:
-    """The whole job: checks, Spark, tables, files. Raises AnalyticsError with a clear message."""
+    """The whole job: checks, Spark, tables, files. Raises AnalyticsError with a clear message.
+
+    ``events_dir``: a folder or a URL (every node's gateways writing to it: docs/analytics.md)."""
     java_runtime()  # fail fast, before starting anything
     event_files(events_dir, since_ns, until_ns)
     with spark_session(address, progress=progress) as spark:
         events = load_events(spark, events_dir, since_ns, until_ns).cache()
         started = time.monotonic()
         rows = events.count()
-        progress(f"read {rows:,} events from {events_dir}")
+        progress(f"read {rows:,} events from {event_location(events_dir).display}")
         if rows == 0:
             raise AnalyticsError(f"no events in the requested time range {_describe_range(since_ns, until_ns)}")
         tables = compute_report(events, window_s, top)

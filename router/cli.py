@@ -115,7 +115,7 @@ def cmd_analytics(args: argparse.Namespace) -> int:
         since = parse_instant(args.since, now)
         until = parse_instant(args.until, now)
         window = parse_duration(args.window)
-        events_dir = Path(args.events) if args.events else settings.events_dir
+        events_dir = args.events or settings.events_dir  # a folder or a URL (docs/analytics.md)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         out = Path(args.out) if args.out else Path(f"router-report-{stamp}")
         report = run_report(events_dir, out, since, until, window, args.top, settings.ray_address, progress)
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     analytics.add_argument("--out", help="output folder (default ./router-report-<time>)")
     analytics.add_argument("--window", default="10s", help="time window of the throughput tables (default 10s)")
     analytics.add_argument("--top", type=int, default=10, help="rows in the top-topics/connections tables")
-    analytics.add_argument("--events", help="event log folder (default <data_dir>/events)")
+    analytics.add_argument("--events", help="event log folder or URL (default analytics.directory, else <data_dir>/events)")
     analytics.set_defaults(func=cmd_analytics)
 
     for spec in DIALECTS:  # each dialect's own commands (`router keys`, `router cashu`, `router mx`)

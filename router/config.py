@@ -20,7 +20,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, TypeVar, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -159,12 +168,19 @@ class GatewayConfig(Section):
     sweep_interval_s: float = Field(default=1.0, gt=0)
 
 
+def _as_text(value: Any) -> Any:
+    """A Path kept as text: Path would turn a URL's ``//`` into ``/``."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 class AnalyticsConfig(Section):
     """The event log read by `router analytics` (Spark through RayDP)."""
 
     enabled: bool = True
-    # Default: <data_dir>/events. On a cluster, point every node at shared storage to analyse all of it.
-    directory: Path | None = None
+    # Default: <data_dir>/events. On a cluster, one place every node writes to, so the report sees all
+    # traffic: a folder on shared storage (NFS, mounted at the same path everywhere) or a URL of
+    # pyarrow's filesystems: file:///…, s3://bucket/…, gs://bucket/…, hdfs://host:port/… (docs/analytics.md).
+    directory: Annotated[str, BeforeValidator(_as_text)] | None = None
     # Fraction of messages recorded, decided per message so a sampled message keeps all its deliveries.
     sample_rate: float = Field(default=1.0, ge=0, le=1)
     flush_interval_s: float = Field(default=2.0, gt=0)
@@ -254,8 +270,9 @@ class CoreSettings(BaseSettings):
         return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
 
     @property
-    def events_dir(self) -> Path:
-        return self.analytics.directory or self.data_dir / "events"
+    def events_dir(self) -> str:
+        """Where the event log lives: a local folder or a URL (router/eventlog.py ``event_location``)."""
+        return self.analytics.directory or str(self.data_dir / "events")
 
     @classmethod
     def settings_customise_sources(

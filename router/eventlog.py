@@ -1,7 +1,11 @@
 """The event log: one record per ingress, delivery and rejection, as rolled Parquet files.
 
-Layout: ``<dir>/date=YYYY-MM-DD/hour=HH/<gateway>-<first ts>-<flush no.>-<rows>.parquet`` (UTC), one file per
-flush and partition, written under a dot-name and renamed, so a reader never sees half a file.
+Layout: ``<dir>/date=YYYY-MM-DD/hour=HH/<gateway>-<node>-<first ts>-<flush no.>-<rows>.parquet`` (UTC), one
+file per flush and partition. ``<dir>`` is a local folder or a URL of pyarrow's filesystems (``file://``,
+``s3://``, ``gs://``, ``hdfs://``): on a cluster every gateway of every node writes to one shared place, and
+the gateway id with the node's id keeps their names apart. Where renaming is atomic (a local or shared
+file system, HDFS) a file is written under a dot-name and renamed; an object store shows an object only
+once its upload completed. Either way a reader never sees half a file.
 
 The hot path only appends tuples: one per message received, one per *fan-out group* (a message
 delivered to several connections of a gateway is one entry holding their ids), one per drop or
@@ -18,16 +22,20 @@ import itertools
 import logging
 import os
 import pickle
-import shutil
+import re
+import secrets
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from operator import itemgetter
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from router.contract import META_FIELDS
@@ -56,13 +64,96 @@ COLUMNS = SCHEMA.names
 
 Meta = tuple  # router.contract.EventMeta: (origin gateway, msg_seq, ingress ts_ns, dialect, kind, topic)
 
+HOUR_NS = 3_600_000_000_000
+# "scheme:/": a URL. One slash is enough: file:/path is a file URL too, and it is what a URL becomes
+# when passed through Path. Two letters at least, so a Windows drive is not a scheme.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+# File systems: real folders, and an atomic rename, so a file is written under a dot-name and renamed.
+# Object stores (S3, GCS, Azure) have neither: an object is written in place, and appears whole once uploaded.
+_FILE_SYSTEMS = {"local", "hdfs"}
+# Spark (Hadoop) names some stores differently: its S3 connector is s3a.
+_SPARK_SCHEMES = {"s3": "s3a", "gcs": "gs"}
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where the event log lives: a filesystem of pyarrow's and the log's folder in it."""
+
+    filesystem: pafs.FileSystem
+    root: str  # the folder, as the filesystem names it (no trailing slash)
+    spark_prefix: str  # what makes a path of the filesystem a path Spark reads
+    display: str  # for messages: as configured, without a password
+
+    @property
+    def has_directories(self) -> bool:
+        """Object stores have none: a prefix exists while objects are under it."""
+        return self.filesystem.type_name in _FILE_SYSTEMS
+
+    def path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def spark_path(self, path: str) -> str:
+        return self.spark_prefix + path
+
+    def folders(self, path: str, prefix: str) -> list[pafs.FileInfo]:
+        """The folders directly under ``path`` whose names start with ``prefix``, sorted; none if it is gone."""
+        selector = pafs.FileSelector(path, allow_not_found=True)
+        return sorted((info for info in self.filesystem.get_file_info(selector)
+                       if info.type == pafs.FileType.Directory and info.base_name.startswith(prefix)),
+                      key=lambda info: info.path)
+
+    def files(self, path: str, suffix: str) -> list[str]:
+        """The files directly under ``path`` ending in ``suffix``, sorted, without hidden (dot-named) ones."""
+        selector = pafs.FileSelector(path, allow_not_found=True)
+        return sorted(info.path for info in self.filesystem.get_file_info(selector)
+                      if info.type == pafs.FileType.File and info.base_name.endswith(suffix)
+                      and not info.base_name.startswith("."))
+
+
+def event_location(directory: str | os.PathLike) -> Location:
+    """A local folder (on a cluster: shared storage such as NFS, mounted at the same path on every node)
+    or a URL that ``pyarrow.fs.FileSystem.from_uri`` understands (``file:///…``, ``s3://bucket/…``,
+    ``gs://bucket/…``, ``hdfs://namenode:port/…``)."""
+    text = os.fspath(directory)
+    if not _URL.match(text):
+        return Location(pafs.LocalFileSystem(), os.path.abspath(text), "", text)
+    filesystem, root = pafs.FileSystem.from_uri(text)
+    return Location(filesystem, root.rstrip("/"), spark_prefix(text, root), redact(text))
+
+
+def spark_prefix(url: str, root: str) -> str:
+    """pyarrow names an object ``bucket/key`` (S3, GCS) and a file ``/path`` (the host, if any, stays
+    in the filesystem object); Spark wants a whole URL in its own scheme."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    authority = parts.netloc.rpartition("@")[2] if root.startswith("/") else ""
+    return f"{_SPARK_SCHEMES.get(scheme, scheme)}://{authority}"
+
+
+def redact(url: str) -> str:
+    """The URL without its password (``s3://key:secret@bucket`` is a form pyarrow accepts)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def _node_tag() -> str:
+    """This Ray node's id, shortened: with the gateway id, file names stay unique across the nodes
+    sharing one folder. Outside Ray (tools, tests) a random tag of the same length."""
+    ray = sys.modules.get("ray")  # a Ray worker has it imported; nothing else needs it
+    if ray is not None and ray.is_initialized():
+        return ray.get_runtime_context().get_node_id()[:12]
+    return secrets.token_hex(6)
+
 
 class EventLog:
     """Buffers records for one gateway and writes them as Parquet off the event loop."""
 
     def __init__(
         self,
-        directory: Path,
+        directory: str | os.PathLike,
         gateway_id: str,
         sample_rate: float = 1.0,
         retention_hours: float = 168,
@@ -70,7 +161,6 @@ class EventLog:
         max_rejected_per_flush: int = 10_000,
         max_unwritten_records: int = 4_000_000,
     ) -> None:
-        self.directory = Path(directory)
         # A Ray actor handle with write(rows, groups) and ready(): the Arrow and Parquet work then
         # runs in that process, and this one only pickles the buffers (see actors/eventwriter.py).
         self._remote = remote
@@ -98,7 +188,20 @@ class EventLog:
         self.rows_written = 0
         self.files_written = 0
         self.write_cpu_s = 0.0  # CPU time this process spent writing (converting, or handing to `remote`)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Opened where the files are written: with a `remote`, that is the writer's process.
+        self.location = None if remote is not None else event_location(directory)
+        self.node = _node_tag()
+        if self.location is not None:
+            self._check_location()
+
+    def _check_location(self) -> None:
+        """Create the folder (or, in an object store, look at it): a wrong path, URL or credentials
+        fail at start, not on the first flush."""
+        location = self.location
+        if location.has_directories:
+            location.filesystem.create_dir(location.root, recursive=True)
+        else:
+            location.filesystem.get_file_info(location.root)
 
     def warm_up(self) -> Future:
         """Run one tiny conversion and write: pyarrow imports and initialises what they need on first
@@ -252,38 +355,64 @@ class EventLog:
     def _write_partitions(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        hours = pa.array(table["ts_ns"].to_numpy() // 3_600_000_000_000)
+        location = self.location
+        filesystem = location.filesystem
+        hours = pa.array(table["ts_ns"].to_numpy() // HOUR_NS)
         distinct = pc.unique(hours).to_pylist()
         for hour in distinct:
             part = table if len(distinct) == 1 else table.filter(pc.equal(hours, hour))
             stamp = time.gmtime(hour * 3600)
-            folder = self.directory / f"date={time.strftime('%Y-%m-%d', stamp)}" / f"hour={stamp.tm_hour:02d}"
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = location.path(f"date={time.strftime('%Y-%m-%d', stamp)}", f"hour={stamp.tm_hour:02d}")
             first = pc.min(part["ts_ns"]).as_py()
-            # the flush number keeps two flushes that start in the same nanosecond apart
-            name = f"{self.gateway_id}-{first}-{next(self._files)}-{part.num_rows}.parquet"
-            temporary = folder / f".{name}.tmp"
-            pq.write_table(part.sort_by("ts_ns"), temporary, compression="zstd")
-            os.replace(temporary, folder / name)
+            # the node and gateway keep writers apart; the flush number, two flushes starting in the same ns
+            name = f"{self.gateway_id}-{self.node}-{first}-{next(self._files)}-{part.num_rows}.parquet"
+            if location.has_directories:
+                filesystem.create_dir(folder, recursive=True)
+                temporary = f"{folder}/.{name}.tmp"
+                pq.write_table(part.sort_by("ts_ns"), temporary, filesystem=filesystem, compression="zstd")
+                filesystem.move(temporary, f"{folder}/{name}")
+            else:
+                pq.write_table(part.sort_by("ts_ns"), f"{folder}/{name}", filesystem=filesystem,
+                               compression="zstd")
             self.rows_written += part.num_rows
             self.files_written += 1
 
     def _apply_retention(self) -> None:
+        """Delete hour folders past retention, and a date folder once its whole day is (so a writer
+        starting the new day's first hour never loses its folder to another writer's pruning).
+
+        Every writer prunes the shared folder: one that finds a folder gone (another writer's
+        pruning) goes on."""
         now = time.time()
         if now - self._last_retention < 600:
             return
         self._last_retention = now
-        cutoff_hour = int((time.time_ns() - self.retention_ns) // 3_600_000_000_000)
-        for date_dir in self.directory.glob("date=*"):
-            for hour_dir in date_dir.glob("hour=*"):
-                try:
-                    stamp = time.strptime(f"{date_dir.name[5:]} {hour_dir.name[5:]}", "%Y-%m-%d %H")
-                except ValueError:
-                    continue
-                if int(calendar.timegm(stamp) // 3600) < cutoff_hour:
-                    shutil.rmtree(hour_dir, ignore_errors=True)
-            if date_dir.is_dir() and not any(date_dir.iterdir()):
-                shutil.rmtree(date_dir, ignore_errors=True)
+        cutoff_hour = int((time.time_ns() - self.retention_ns) // HOUR_NS)
+        location = self.location
+        for day in location.folders(location.root, "date="):
+            for hour in location.folders(day.path, "hour="):
+                epoch_hour = folder_hour(day.base_name, hour.base_name)
+                if epoch_hour is not None and epoch_hour < cutoff_hour:
+                    self._delete(hour.path)
+            midnight = folder_hour(day.base_name, "hour=00")
+            if midnight is not None and midnight + 24 <= cutoff_hour:
+                if not location.filesystem.get_file_info(pafs.FileSelector(day.path, allow_not_found=True)):
+                    self._delete(day.path)
+
+    def _delete(self, folder: str) -> None:
+        try:
+            self.location.filesystem.delete_dir(folder)
+        except OSError:  # FileNotFoundError included: another writer pruned it first
+            logger.debug("event log: could not delete %s", folder, exc_info=True)
+
+
+def folder_hour(date_folder: str, hour_folder: str) -> int | None:
+    """The UTC hour (epoch hours) of the folders date=YYYY-MM-DD and hour=HH; None when the names do not parse."""
+    try:
+        stamp = time.strptime(f"{date_folder} {hour_folder}", "date=%Y-%m-%d hour=%H")
+    except ValueError:
+        return None
+    return calendar.timegm(stamp) // 3600
 
 
 def _column(records: list[tuple], position: int) -> list:

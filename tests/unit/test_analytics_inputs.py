@@ -154,6 +154,11 @@ def event_file(events_dir: Path, date: str, hour: int, name: str = "gw-a-1-1.par
     return path
 
 
+def as_read(files: list[Path]) -> list[str]:
+    """What event_files returns for local files: their paths, as text (Spark reads them so)."""
+    return [str(path) for path in files]
+
+
 @pytest.fixture
 def events_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "events"
@@ -196,29 +201,29 @@ def test_event_files_of_a_log_whose_folders_do_not_parse_is_empty(events_dir):
 
 
 def test_event_files_without_bounds_are_all_files_sorted(events_dir, three_hours):
-    assert event_files(events_dir) == three_hours
+    assert event_files(events_dir) == as_read(three_hours)
 
 
 def test_event_files_accepts_a_string_path(events_dir, three_hours):
-    assert event_files(str(events_dir)) == three_hours
+    assert event_files(str(events_dir)) == as_read(three_hours)
 
 
 def test_event_files_since_selects_the_hour_containing_since_and_later(events_dir, three_hours):
-    assert event_files(events_dir, since_ns=at(2026, 11, 22, 6, 59, 59)) == three_hours[1:]
+    assert event_files(events_dir, since_ns=at(2026, 11, 22, 6, 59, 59)) == as_read(three_hours[1:])
 
 
 def test_event_files_until_selects_the_hour_containing_until_and_earlier(events_dir, three_hours):
-    assert event_files(events_dir, until_ns=at(2026, 11, 22, 6, 0, 0)) == three_hours[:3]
+    assert event_files(events_dir, until_ns=at(2026, 11, 22, 6, 0, 0)) == as_read(three_hours[:3])
 
 
 def test_event_files_between_selects_every_overlapping_hour(events_dir, three_hours):
     chosen = event_files(events_dir, since_ns=at(2026, 11, 22, 5, 30), until_ns=at(2026, 11, 22, 6, 10))
-    assert chosen == three_hours[:3]
+    assert chosen == as_read(three_hours[:3])
 
 
 def test_event_files_within_one_hour_selects_that_hour(events_dir, three_hours):
     chosen = event_files(events_dir, since_ns=at(2026, 11, 22, 7, 1), until_ns=at(2026, 11, 22, 7, 2))
-    assert chosen == three_hours[3:]
+    assert chosen == as_read(three_hours[3:])
 
 
 def test_event_files_across_midnight(events_dir):
@@ -226,7 +231,7 @@ def test_event_files_across_midnight(events_dir):
     early = event_file(events_dir, "2026-11-22", 0)
     event_file(events_dir, "2026-11-22", 1)
     chosen = event_files(events_dir, since_ns=at(2026, 11, 21, 23, 30), until_ns=at(2026, 11, 22, 0, 30))
-    assert chosen == [late, early]
+    assert chosen == as_read([late, early])
 
 
 def test_event_files_outside_the_range_is_an_error_naming_the_hours_held(events_dir, three_hours):
@@ -251,7 +256,7 @@ def test_event_files_ignores_hidden_files(events_dir):
     visible = event_file(events_dir, "2026-11-22", 5, "gw-a-1-1.parquet")
     event_file(events_dir, "2026-11-22", 5, ".gw-a-2-1.parquet")
     event_file(events_dir, "2026-11-22", 5, ".gw-a-3-1.parquet.tmp")
-    assert event_files(events_dir) == [visible]
+    assert event_files(events_dir) == as_read([visible])
 
 
 def test_event_files_ignores_files_outside_the_layout(events_dir):
@@ -260,13 +265,56 @@ def test_event_files_ignores_files_outside_the_layout(events_dir):
     (visible.parent / "notes.txt").write_text("not parquet")
     (events_dir / "other" / "hour=05").mkdir(parents=True)
     (events_dir / "other" / "hour=05" / "x.parquet").write_bytes(b"")
-    assert event_files(events_dir) == [visible]
+    assert event_files(events_dir) == as_read([visible])
 
 
 def test_event_files_skips_folders_whose_date_does_not_parse(events_dir):
     visible = event_file(events_dir, "2026-11-22", 5)
     event_file(events_dir, "2026-13-40", 5)
-    assert event_files(events_dir) == [visible]
+    assert event_files(events_dir) == as_read([visible])
+
+
+@pytest.mark.parametrize("form", ["file URL", "file URL passed through Path"])
+def test_event_files_at_a_file_url_are_file_urls(events_dir, three_hours, form):
+    url = events_dir.as_uri()  # file:///…; through Path: file:/…
+    assert event_files(url if form == "file URL" else Path(url)) == [f"file://{path}" for path in three_hours]
+
+
+def test_event_files_of_a_relative_folder_are_absolute_paths(events_dir, three_hours, monkeypatch):
+    monkeypatch.chdir(events_dir.parent)
+    assert event_files("events") == as_read(three_hours)
+
+
+def test_event_files_at_a_url_select_by_hour_as_with_a_folder(events_dir, three_hours):
+    chosen = event_files(events_dir.as_uri(), since_ns=at(2026, 11, 22, 5, 30), until_ns=at(2026, 11, 22, 6, 10))
+    assert chosen == [f"file://{path}" for path in three_hours[:3]]
+
+
+def test_event_files_of_an_empty_log_at_a_url_is_an_error_naming_the_url(tmp_path):
+    url = (tmp_path / "nowhere").as_uri()
+    with pytest.raises(AnalyticsError) as raised:
+        event_files(url)
+    assert str(raised.value).startswith(f"the event log at {url} is empty: ")
+
+
+def test_event_files_at_a_url_outside_the_range_names_the_hours_held(events_dir, three_hours):
+    with pytest.raises(AnalyticsError) as raised:
+        event_files(events_dir.as_uri(), until_ns=at(2026, 11, 22, 4, 59, 59))
+    assert str(raised.value) == (
+        "no events in the requested time range [start .. 2026-11-22 04:59:59] UTC: "
+        "the log holds events from 2026-11-22 05:00 to 2026-11-22 08:00 UTC"
+    )
+
+
+def test_hours_in_range_holding_only_hidden_files_do_not_count(events_dir):
+    event_file(events_dir, "2026-11-22", 5, ".gw-a-1-1.parquet.tmp")  # a write in progress
+    event_file(events_dir, "2026-11-22", 7)
+    with pytest.raises(AnalyticsError) as raised:
+        event_files(events_dir, until_ns=at(2026, 11, 22, 5, 30))
+    assert str(raised.value) == (
+        "no events in the requested time range [start .. 2026-11-22 05:30:00] UTC: "
+        "the log holds events from 2026-11-22 07:00 to 2026-11-22 08:00 UTC"
+    )
 
 
 # -- java_runtime ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import logging
+import re
 import time
 from concurrent.futures import Future
 import threading
@@ -329,11 +330,12 @@ def test_records_land_in_the_folder_of_their_utc_hour(log, events_dir):
     log.delivered(first_of_11 + 7, meta(seq=2, t0=first_of_11), 1, (2, 3))
     written(log)
     assert files_under(events_dir) == [
-        f"date=2026-03-01/hour=10/{GATEWAY}-{last_of_10}-0-1.parquet",
-        f"date=2026-03-01/hour=11/{GATEWAY}-{first_of_11}-1-3.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{last_of_10}-0-1.parquet",
+        f"date=2026-03-01/hour=11/{GATEWAY}-{log.node}-{first_of_11}-1-3.parquet",
     ]
-    hour_10 = pq.read_table(events_dir / "date=2026-03-01" / "hour=10" / f"{GATEWAY}-{last_of_10}-0-1.parquet")
-    hour_11 = pq.read_table(events_dir / "date=2026-03-01" / "hour=11" / f"{GATEWAY}-{first_of_11}-1-3.parquet")
+    day = events_dir / "date=2026-03-01"
+    hour_10 = pq.read_table(day / "hour=10" / f"{GATEWAY}-{log.node}-{last_of_10}-0-1.parquet")
+    hour_11 = pq.read_table(day / "hour=11" / f"{GATEWAY}-{log.node}-{first_of_11}-1-3.parquet")
     assert hour_10["msg_seq"].to_pylist() == [1]
     assert hour_11["msg_seq"].to_pylist() == [2, 2, 2]
 
@@ -345,17 +347,17 @@ def test_partitions_follow_the_utc_date_across_midnight(log, events_dir):
     log.ingress(after, meta(seq=2), None, 1, 1)
     written(log)
     assert files_under(events_dir) == [
-        f"date=2026-02-28/hour=23/{GATEWAY}-{before}-0-1.parquet",
-        f"date=2026-03-01/hour=00/{GATEWAY}-{after}-1-1.parquet",
+        f"date=2026-02-28/hour=23/{GATEWAY}-{log.node}-{before}-0-1.parquet",
+        f"date=2026-03-01/hour=00/{GATEWAY}-{log.node}-{after}-1-1.parquet",
     ]
 
 
-def test_file_name_is_gateway_first_timestamp_flush_number_and_row_count(log, events_dir):
+def test_file_name_is_gateway_node_first_timestamp_flush_number_and_row_count(log, events_dir):
     log.ingress(T0 + 300, meta(seq=1), None, 1, 1)
     log.delivered(T0 + 100, meta(seq=0), 1, (1, 2, 3, 4))
     written(log)
     [path] = files_under(events_dir)
-    assert Path(path).name == f"{GATEWAY}-{T0 + 100}-0-5.parquet"
+    assert Path(path).name == f"{GATEWAY}-{log.node}-{T0 + 100}-0-5.parquet"
     assert Path(path).name.startswith(GATEWAY)
 
 
@@ -366,8 +368,8 @@ def test_each_flush_writes_its_own_file(log, events_dir):
     log.ingress(T0 + 2, meta(seq=3), None, 1, 1)
     written(log)
     assert files_under(events_dir) == [
-        f"date=2026-03-01/hour=10/{GATEWAY}-{T0}-0-1.parquet",
-        f"date=2026-03-01/hour=10/{GATEWAY}-{T0 + 1}-1-2.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{T0 + 1}-1-2.parquet",
     ]
 
 
@@ -377,8 +379,8 @@ def test_two_flushes_starting_in_the_same_nanosecond_keep_both_files(log, events
     log.ingress(T0, meta(seq=2), None, 1, 1)
     written(log)
     assert files_under(events_dir) == [
-        f"date=2026-03-01/hour=10/{GATEWAY}-{T0}-0-1.parquet",
-        f"date=2026-03-01/hour=10/{GATEWAY}-{T0}-1-1.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{T0}-1-1.parquet",
     ]
     assert [r["msg_seq"] for r in read_rows(events_dir)] == [1, 2]
 
@@ -411,9 +413,55 @@ def test_two_gateways_share_a_directory_without_clashing(events_dir):
     a.close()
     b.close()
     assert files_under(events_dir) == [
-        f"date=2026-03-01/hour=10/gw-a-{T0}-0-1.parquet",
-        f"date=2026-03-01/hour=10/gw-b-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/gw-a-{a.node}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/gw-b-{b.node}-{T0}-0-1.parquet",
     ]
+
+
+def test_two_nodes_writing_the_same_gateway_id_and_records_keep_both_files(events_dir):
+    # Two writers on shared storage with one gateway id, the same first timestamp, flush number and
+    # row count: the node part of the name keeps them apart.
+    a = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    b = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    a.ingress(T0, meta(seq=1), None, 1, 1)
+    b.ingress(T0, meta(seq=2), None, 1, 1)
+    a.close()
+    b.close()
+    assert a.node != b.node
+    assert files_under(events_dir) == sorted([
+        f"date=2026-03-01/hour=10/{GATEWAY}-{a.node}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=10/{GATEWAY}-{b.node}-{T0}-0-1.parquet",
+    ])
+    assert sorted(r["msg_seq"] for r in read_rows(events_dir)) == [1, 2]
+
+
+def test_the_node_part_outside_ray_is_twelve_hex_digits(log):
+    assert re.fullmatch(r"[0-9a-f]{12}", log.node)
+
+
+# -- a folder or a URL ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["file URL", "file URL passed through Path"])
+def test_a_file_url_writes_the_same_files_as_a_path(events_dir, form):
+    url = events_dir.as_uri()  # file:///…
+    # Path(url) is file:/… (one slash): a caller that wraps the setting in Path passes that.
+    log = EventLog(url if form == "file URL" else Path(url), GATEWAY, retention_hours=KEEP_FOREVER)
+    assert events_dir.is_dir()
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    log.delivered(T0 + HOUR_NS, meta(seq=1), 1, (4, 5))
+    log.close()
+    assert files_under(events_dir) == [
+        f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{T0}-0-1.parquet",
+        f"date=2026-03-01/hour=11/{GATEWAY}-{log.node}-{T0 + HOUR_NS}-1-2.parquet",
+    ]
+    assert [r["connection"] for r in read_rows(events_dir)] == [1, 4, 5]
+    assert (log.rows_written, log.files_written) == (3, 2)
+
+
+def test_an_unknown_url_scheme_fails_at_construction(events_dir):
+    with pytest.raises(pa.ArrowInvalid, match="Unrecognized filesystem type in URI: nosuchfs://x/events"):
+        EventLog("nosuchfs://x/events", GATEWAY)
 
 
 # -- sampling -------------------------------------------------------------------------------------
@@ -469,7 +517,7 @@ def test_retention_removes_hour_folders_older_than_retention_and_their_empty_dat
     assert not stale.exists()
     assert not stale.parent.exists()
     current = hour_folder(events_dir, now)
-    assert [p.name for p in current.iterdir()] == [f"{GATEWAY}-{now}-0-1.parquet"]
+    assert [p.name for p in current.iterdir()] == [f"{GATEWAY}-{log.node}-{now}-0-1.parquet"]
 
 
 def test_retention_keeps_hour_folders_within_retention(events_dir):
@@ -523,3 +571,37 @@ def test_retention_runs_at_most_every_ten_minutes(events_dir):
     written(log)
     log.close()
     assert not stale.exists()
+
+
+def test_retention_on_a_file_url(events_dir):
+    now = time.time_ns()
+    stale = old_folder(events_dir, now - 30 * 24 * HOUR_NS)
+    recent = old_folder(events_dir, now - 2 * HOUR_NS)
+    log = EventLog(events_dir.as_uri(), GATEWAY, retention_hours=24)
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert not stale.exists()
+    assert not stale.parent.exists()
+    assert [p.name for p in recent.iterdir()] == ["gw-old-1-1.parquet"]
+    assert [p.name for p in hour_folder(events_dir, now).iterdir()] == [f"{GATEWAY}-{log.node}-{now}-0-1.parquet"]
+
+
+def test_retention_removes_an_empty_date_folder_only_once_its_whole_day_is_past(events_dir):
+    # Another writer may have just created a date folder for its first hour (its clock a little
+    # ahead): an empty date folder goes only when every hour of its day is past retention.
+    now = time.time_ns()
+    past_day = hour_folder(events_dir, now - 30 * 24 * HOUR_NS).parent
+    next_day = hour_folder(events_dir, now + 24 * HOUR_NS).parent
+    past_day.mkdir(parents=True)
+    next_day.mkdir(parents=True)
+    log = EventLog(events_dir, GATEWAY, retention_hours=24)
+    log.ingress(now, meta(t0=now), None, 1, 1)
+    written(log)
+    log.close()
+    assert not past_day.exists()
+    assert next_day.is_dir()
+
+
+def test_retention_goes_on_when_another_writer_pruned_a_folder_first(log, events_dir):
+    assert log._delete(str(events_dir / "date=2026-01-01" / "hour=00")) is None
