@@ -308,11 +308,16 @@ class Shard:
             self._watched.discard(gateway_id)
 
     def info(self) -> dict[str, Any]:
+        """What ``router status`` shows: the Ray node it runs on, its lanes (and the kind of each:
+        ``unix`` from a gateway on its node, ``tcp`` from another), its counters and its components'."""
         with self._lock:
             lanes = None if self._lane is None else sorted(self._lane.connected())
-            return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "pid": os.getpid(),
+            kinds = {} if self._lane is None else self._lane.kinds()
+            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+            return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "pid": os.getpid(), "node": node,
                     "healing": sorted(self._healing), "healed_in": self.healed_in,
-                    "batches": self._batches, "commands": self._commands, "lanes": lanes, **self.stats()}
+                    "batches": self._batches, "commands": self._commands, "lanes": lanes, "lane_kinds": kinds,
+                    **self.stats()}
 
     def stats(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}

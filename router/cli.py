@@ -76,22 +76,59 @@ def _on_cluster(settings: RouterSettings, action: Any) -> Any:
 
 def cmd_status(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    from router.runtime import cluster_status
+    from router.runtime import cluster_status, store_status
 
-    status = _on_cluster(settings, cluster_status)
+    status = {**_on_cluster(settings, cluster_status), "store": store_status(settings)}
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
-    print(f"namespace {status['namespace']}: {len(status['gateways'])} gateway(s), {len(status['shards'])} shard(s)")
-    for gateway in status["gateways"]:
-        ports = ",".join(str(listener["port"]) for listener in gateway["listeners"])
-        print(f"  gateway {gateway['gateway']:<22} ports {ports:<12} connections {gateway['connections']:>6}"
-              f"  delivered {gateway['delivered']:>10}")
-    for shard in sorted(status["shards"], key=lambda s: s["name"]):
-        sizes = ", ".join(f"{k} {v}" for k, v in shard.items()
-                          if k not in ("name", "kind", "epoch", "pid", "batches", "commands") and not isinstance(v, dict))
-        print(f"  {shard['name']:<18} batches {shard['batches']:>8}  commands {shard['commands']:>10}  {sizes}")
+    nodes, lanes, store = status["nodes"], status["lanes"], status["store"]
+    print(f"namespace {status['namespace']}: {sum(n['alive'] for n in nodes)} of {len(nodes)} node(s) alive, "
+          f"{len(status['gateways'])} gateway(s), {len(status['shards'])} shard(s); "
+          f"lanes {lanes['unix']} unix, {lanes['tcp']} tcp")
+    where = store.get("url") or store.get("data_dir")
+    health = "ok" if store["ok"] else f"NOT OK: {store.get('error') or 'missing'}"
+    print(f"store: {store['backend']} {where} {health}")
+    shards = sorted(status["shards"], key=lambda s: s["name"])
+    for node in nodes:
+        if not node["alive"] and not node["gateways"] and not node["shards"]:
+            continue  # a node lost earlier that holds nothing of this router
+        role = " head" if node["head"] else ""
+        print(f"node {node['name']} {node['id'][:12]} {node['address']} {'alive' if node['alive'] else 'DEAD'}{role}")
+        for gateway in status["gateways"]:
+            if gateway["node"] == node["id"]:
+                _print_gateway(gateway)
+        for shard in shards:
+            if shard["node"] == node["id"]:
+                _print_shard(shard)
+    known = {node["id"] for node in nodes}
+    unplaced = [g for g in status["gateways"] if g["node"] not in known] + [s for s in shards if s["node"] not in known]
+    if unplaced:
+        print("on no node (being placed or restarted):")
+        for entry in unplaced:
+            (_print_shard if "kind" in entry else _print_gateway)(entry)
     return 0
+
+
+def _print_gateway(gateway: dict[str, Any]) -> None:
+    if "error" in gateway:
+        print(f"  {gateway['name']:<30} {gateway['state']} (no answer: {gateway['error']})")
+        return
+    ports = ",".join(str(listener["port"]) for listener in gateway["listeners"])
+    print(f"  gateway {gateway['gateway']:<22} ports {ports:<12} connections {gateway['connections']:>6}"
+          f"  delivered {gateway['delivered']:>10}")
+
+
+def _print_shard(shard: dict[str, Any]) -> None:
+    if "error" in shard:
+        print(f"  {shard['name']:<18} {shard['state']} (no answer: {shard['error']})")
+        return
+    kinds = list((shard.get("lane_kinds") or {}).values())
+    shown = ("name", "kind", "epoch", "pid", "node", "state", "batches", "commands", "lanes", "lane_kinds", "healing",
+             "healed_in")
+    sizes = ", ".join(f"{k} {v}" for k, v in shard.items() if k not in shown and not isinstance(v, (dict, list)))
+    print(f"  {shard['name']:<18} batches {shard['batches']:>8}  commands {shard['commands']:>10}  "
+          f"lanes {kinds.count('unix')} unix {kinds.count('tcp')} tcp  {sizes}")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

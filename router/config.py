@@ -253,6 +253,11 @@ class CoreSettings(BaseSettings):
     gateways: int = Field(default=1, ge=1, le=64)
     # None starts an embedded Ray on this machine; "auto" or "host:port" joins a running cluster.
     ray_address: str | None = None
+    # The node of that cluster this router's gateways run on (they listen on its machine's ports):
+    # a Ray node id, or a node name (`ray start --node-name`). None: the node this process's Ray
+    # driver attached to, right with one raylet per machine; where a machine runs several (a driver
+    # attaches to the head's, router/localcluster.py) each router names its own (docs/cluster.md).
+    ray_node: str | None = Field(default=None, min_length=1)
     namespace: str = Field(default="router", pattern=r"^[A-Za-z0-9_.-]+$")
     # Start the Ray dashboard with an embedded Ray (it shows the router's actors and metrics).
     ray_dashboard: bool = True

@@ -167,9 +167,13 @@ class _ServerLane(asyncio.Protocol):
         self.gateway_id: str | None = None
         self.nonce = secrets.token_bytes(NONCE_BYTES)
         self.deadline: asyncio.TimerHandle | None = None
+        self.kind = "tcp"  # or "unix": what `router status` counts
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_UNIX:
+            self.kind = "unix"
         self.transport.write(_frame(self.nonce))
         self.deadline = self.server._loop.call_later(self.server.hello_timeout_s, self._refuse, "no hello in time")
 
@@ -300,6 +304,10 @@ class LaneServer:
 
     def connected(self) -> list[str]:
         return list(self._lanes)
+
+    def kinds(self) -> dict[str, str]:
+        """Each connected gateway's lane kind: ``unix`` (same node) or ``tcp`` (TLS, another node)."""
+        return {gateway_id: lane.kind for gateway_id, lane in list(self._lanes.items())}
 
     def push(self, gateway_id: str, bundle: tuple) -> bool:
         """Send deliveries to a gateway over its lane, from any thread; False if it has none."""

@@ -15,6 +15,11 @@ gateway's connections and starts a replacement on the same ports. Shards are res
 itself (``max_restarts=-1``), whichever router is alive; a shard also forgets a gateway whose lane
 closed and whose actor is gone (``actors/shard.py``), so a router killed with its gateways
 leaves nothing behind.
+
+Placement on a cluster: gateways are pinned to one node (``ray_node``, else the node of this
+driver); shards are dealt round the live nodes when they are created (a soft node affinity each),
+so losing a node takes only its share of them, and Ray restarts those on the nodes left
+(docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
+from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.shard import ShardActor
@@ -84,23 +91,42 @@ class Router:
 
     def _start_shards(self) -> None:
         settings = self.settings
+        # Dealt round the live nodes in a fixed order (by name, then id), the shards of every kind in
+        # turn; soft, so that a shard whose node is gone is restarted wherever Ray finds room. An
+        # actor that asks for no resource at all is put where Ray likes, whatever its strategy (6 such
+        # actors landed 1-3-2 on three nodes with a soft affinity, 0-4-2 with SPREAD): a one-byte
+        # memory demand (logical, nothing is reserved) makes Ray follow the strategy (2-2-2 with both).
+        nodes = sorted((node["NodeName"], node["NodeID"]) for node in ray.nodes() if node["Alive"])
+        dealt = 0
         for kind, components in shard_components(settings).items():
-            self.shards[kind] = [
-                ShardActor.options(
+            self.shards[kind] = []
+            for index in range(getattr(settings.shards, kind)):
+                node = NodeAffinitySchedulingStrategy(node_id=nodes[dealt % len(nodes)][1], soft=True)
+                dealt += 1
+                self.shards[kind].append(ShardActor.options(
                     name=shard_name(kind, index), namespace=settings.namespace, get_if_exists=True,
-                    lifetime="detached",
-                ).remote(kind, index, settings, components)
-                for index in range(getattr(settings.shards, kind))
-            ]
+                    lifetime="detached", scheduling_strategy=node, memory=1,
+                ).remote(kind, index, settings, components))
         # Fail here, not on the first message, if a shard cannot start.
         ray.get([shard.info.remote() for shards in self.shards.values() for shard in shards], timeout=120)
+
+    def _gateway_node(self) -> str:
+        """The node id the gateways are pinned to: ``ray_node`` (an id or a node name) or this
+        driver's node. A gateway listens on its machine's ports, so it must not run elsewhere."""
+        wanted = self.settings.ray_node
+        if wanted is None:
+            return ray.get_runtime_context().get_node_id()
+        found = [node["NodeID"] for node in ray.nodes()
+                 if node["Alive"] and wanted in (node["NodeID"], node["NodeName"])]
+        if len(found) != 1:
+            raise RuntimeError(f"ray_node = {wanted!r}: {len(found) or 'no'} live Ray nodes have that id or name")
+        return found[0]
 
     def _start_gateway(self, index: int) -> GatewayRecord:
         settings = self.settings
         base = settings.port or "any"
         gateway_id = f"{base}-{index}-{secrets.token_hex(3)}"
-        # A gateway listens on this machine's ports: pin it to the node this supervisor runs on.
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        here = NodeAffinitySchedulingStrategy(node_id=self._gateway_node(), soft=False)
         actor = GatewayActor.options(
             name=gateway_name(gateway_id), namespace=settings.namespace, scheduling_strategy=here
         ).remote(gateway_id, index, settings)
@@ -213,21 +239,68 @@ def _kill(name: str, namespace: str) -> None:
         pass  # gone already
 
 
-def cluster_status(namespace: str) -> dict[str, Any]:
-    """Gateways and shards of the router in ``namespace`` on the connected Ray cluster."""
-    names = _named(namespace)
+# `router status` waits this long for the gateways and shards to answer; one that does not (a shard
+# Ray is restarting after its node was lost) is listed with its Ray state instead.
+STATUS_TIMEOUT_S = 10.0
+
+
+def cluster_status(namespace: str, timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
+    """The router in ``namespace`` on the connected Ray cluster: its nodes (each with its gateways
+    and shards), every gateway's stats and shard's info with the node it runs on and its Ray state,
+    and the lanes by kind (``unix`` within a node, ``tcp`` between nodes), counted by the shards."""
+    actors: dict[str, Any] = {}
+    for name in _named(namespace):
+        if name.startswith(GATEWAY_PREFIX) or SHARD_SUFFIX in name:
+            try:
+                actors[name] = ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                continue  # gone meanwhile
+    refs = {name: (actor.stats if name.startswith(GATEWAY_PREFIX) else actor.info).remote()
+            for name, actor in actors.items()}
+    if refs:
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     gateways, shards = [], []
-    for name in names:
+    for name, ref in refs.items():
+        # The GCS's actor table (a debugging API, and the one that has every actor's node without
+        # the dashboard): where the actor runs now, and whether it is alive or restarting.
+        placed = ray._private.state.actors(actors[name]._actor_id.hex())
+        entry = {"name": name, "state": placed.get("State"), "node": placed.get("Address", {}).get("NodeID")}
+        if SHARD_SUFFIX in name:
+            entry["kind"] = name.split(SHARD_SUFFIX)[0]
         try:
-            actor = ray.get_actor(name, namespace=namespace)
-        except ValueError:
-            continue
-        if name.startswith(GATEWAY_PREFIX):
-            gateways.append(actor.stats.remote())
-        elif SHARD_SUFFIX in name:
-            shards.append(actor.info.remote())
-    return {
-        "namespace": namespace,
-        "gateways": ray.get(gateways, timeout=30),
-        "shards": ray.get(shards, timeout=30),
-    }
+            entry.update(ray.get(ref, timeout=0))
+        except Exception as error:  # no answer in time, or the actor died
+            entry["error"] = type(error).__name__
+        (gateways if name.startswith(GATEWAY_PREFIX) else shards).append(entry)
+    lanes = {"unix": 0, "tcp": 0}
+    for shard in shards:
+        for kind in (shard.get("lane_kinds") or {}).values():
+            lanes[kind] += 1
+    nodes = []
+    for node in ray.nodes():
+        node_id = node["NodeID"]
+        nodes.append({
+            "id": node_id, "name": node["NodeName"], "address": node["NodeManagerAddress"], "alive": node["Alive"],
+            "head": HEAD_NODE_RESOURCE_NAME in node.get("Resources", {}),
+            "gateways": [g.get("gateway", g["name"]) for g in gateways if g["node"] == node_id],
+            "shards": sorted(s["name"] for s in shards if s["node"] == node_id),
+        })
+    return {"namespace": namespace, "nodes": nodes, "gateways": gateways, "shards": shards, "lanes": lanes}
+
+
+def store_status(settings: RouterSettings) -> dict[str, Any]:
+    """Where the durable state lives, as seen from this process: PostgreSQL (reachable, its version,
+    the pool) or the SQLite files under ``data_dir`` (each node's own)."""
+    url = settings.store.postgres
+    if url is None:
+        folder = Path(settings.data_dir)
+        files = {path.name: path.stat().st_size for path in sorted(folder.glob("*.sqlite3"))}
+        return {"backend": "sqlite", "data_dir": str(folder), "ok": folder.is_dir(), "files": files}
+    from router import postgres
+
+    try:
+        return {"backend": "postgresql", "url": postgres.redact(url), **postgres.health(postgres.pool_of(settings.store))}
+    except postgres.StoreUnavailable as error:
+        return {"backend": "postgresql", "url": postgres.redact(url), "ok": False, "error": str(error)}
+    finally:
+        postgres.close_all()
