@@ -30,6 +30,9 @@ def hub_urls(running: RunningRouter, path: str = "/hub/ws") -> list[str]:
     return [f"ws://127.0.0.1:{gateway['listeners'][0]['port']}{path}" for gateway in running.router.endpoints()]
 
 
+MAX_QUEUE_DEPTH = 20
+
+
 @pytest.fixture(scope="module")
 def mx(ray_runtime, tmp_path_factory) -> RunningRouter:
     running = start_router(
@@ -37,7 +40,7 @@ def mx(ray_runtime, tmp_path_factory) -> RunningRouter:
         shards={"session": 1, "topic": 2, "registry": 1}, signal={"enabled": False}, cashu={"enabled": False},
         baqend={"enabled": False},
         gateway={"sweep_interval_s": 0.1},
-        mx={"max_queue_depth": 20, "ack_timeout_s": 60},
+        mx={"max_queue_depth": MAX_QUEUE_DEPTH, "ack_timeout_s": 60},
     )
     yield running
     running.router.stop()
@@ -67,12 +70,15 @@ def matches(level: str, address: str, identifier: str, topics: list[bytes | None
 _seed = iter(range(1000, 100_000))
 
 
-def block(transactions: int = 25):
-    """A generated block with events, a block_txs and a block_scrs frame (some seeds draw no SCR)."""
+def block(transactions: int = 25, most_events: int | None = None):
+    """A generated block with events, a block_txs and a block_scrs frame (some seeds draw no SCR),
+    and at most ``most_events`` events. The seeds are shared with every module that imports this
+    one, so which block a test gets depends on what ran before it: bound what the test relies on."""
     while True:
         saved = generator.generate_save_block(next(_seed), transactions=transactions)
         normalized = node.normalize_save_block(saved)
-        if normalized.events and normalized.txs.txs and normalized.scrs.scrs:
+        if (normalized.events and normalized.txs.txs and normalized.scrs.scrs
+                and (most_events is None or len(normalized.events) <= most_events)):
             return saved
 
 
@@ -150,7 +156,7 @@ def test_acknowledged_delivery_is_stop_and_wait(mx):
     node_url, consumer_url = hub_urls(mx, "/save")[0], hub_urls(mx)[1]
 
     async def scenario():
-        saved = block(6)
+        saved = block(6, most_events=MAX_QUEUE_DEPTH - 2)  # all but one frame queued, not shed (queue_full)
         count = len(node.normalize_save_block(saved).events)
         assert count >= 6
         consumer = await Consumer.open(consumer_url, ack=True)
@@ -160,7 +166,16 @@ def test_acknowledged_delivery_is_stop_and_wait(mx):
         first = await consumer.frame()
         assert (first.counter, first.with_acknowledge, first.topic) == (1, True, codec.EVENTS_TOPIC)
         # Nothing more is written until the ACK: the rest waits in the connection's queue.
-        await eventually(lambda: _value(hub_stats(mx, 1)["mx"]["queued"] == count + 1))  # + block_txs, block_scrs
+        last: dict = {}
+
+        async def all_queued() -> bool:
+            last.update(hub_stats(mx, 1)["mx"])
+            return last["queued"] == count + 1  # + block_txs, block_scrs
+
+        try:
+            await eventually(all_queued)
+        except AssertionError:  # say what the gateway held instead
+            raise AssertionError(f"expected {count + 1} frames queued; the gateway's last mx stats: {last}") from None
         await consumer.ws.send(codec.ack_frame(7))  # the wrong counter changes nothing
         await eventually(lambda: _value(hub_stats(mx, 1)["mx"]["dropped"].get("unexpected_ack") == 1))
         assert hub_stats(mx, 1)["mx"]["queued"] == count + 1

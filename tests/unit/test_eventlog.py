@@ -20,6 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from router import eventlog
 from router.eventlog import COLUMNS, SCHEMA, EventLog
 
 GATEWAY = "gw-a"
@@ -418,9 +419,12 @@ def test_two_gateways_share_a_directory_without_clashing(events_dir):
     ]
 
 
-def test_two_nodes_writing_the_same_gateway_id_and_records_keep_both_files(events_dir):
+def test_two_nodes_writing_the_same_gateway_id_and_records_keep_both_files(events_dir, monkeypatch):
     # Two writers on shared storage with one gateway id, the same first timestamp, flush number and
-    # row count: the node part of the name keeps them apart.
+    # row count: the node part of the name keeps them apart. The two nodes' ids are given: this
+    # process may be a Ray driver (the test session's), and then both writers would be on its node.
+    nodes = iter(["0123456789ab", "ba9876543210"])
+    monkeypatch.setattr(eventlog, "_node_tag", lambda: next(nodes))
     a = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
     b = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
     a.ingress(T0, meta(seq=1), None, 1, 1)
