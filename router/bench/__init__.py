@@ -9,6 +9,7 @@ JSON file, optionally a PNG.
     router bench fanout                       # S = 1, 100, 1000; router vs raw vs redis
     router bench all --plot bench.png         # every scenario
     router bench fanout --systems router --scale 1,2   # gateways = shards = 1, then 2
+    router bench p2p --systems router --nodes 1,2,3    # a Ray cluster of 1, 2, 3 nodes on this machine
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from router.bench.report import add_ratios, document, format_table, markdown_table, plot, write_json
 from router.bench.scenarios import PLANS, SCENARIOS, Options, run_system
-from router.bench.systems import RawSystem, RedisSystem, RouterSystem, System, Unavailable
+from router.bench.systems import ClusterRouterSystem, RawSystem, RedisSystem, RouterSystem, System, Unavailable
 
 SYSTEMS = ("raw", "redis", "router")
 
@@ -51,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", type=int, default=None, help="router shards of each kind (default: config, 2)")
     parser.add_argument("--scale", type=_ints, default=None,
                         help="run the router once per N with gateways = shards = N (e.g. 1,2)")
+    parser.add_argument("--nodes", type=_ints, default=None,
+                        help="the router on a local Ray cluster of N nodes, a router per node, e.g. 1,2,3 "
+                             "(router/localcluster.py; clients spread over every node's gateway)")
     parser.add_argument("--eventlog", choices=("on", "off"), default="on", help="the router's event log (default on)")
     parser.add_argument("--pin", type=int, default=0, help="CPU the raw and redis servers are pinned to (-1: none)")
     parser.add_argument("--out", help="JSON file (default benchmarks/results/bench-<scenario>.json)")
@@ -72,6 +76,8 @@ def _systems(args: argparse.Namespace) -> list[System]:
             systems.append(RawSystem(pin))
         elif name == "redis":
             systems.append(RedisSystem(pin))
+        elif args.nodes:
+            systems += [ClusterRouterSystem(n, args.shards, args.eventlog == "on") for n in args.nodes]
         elif args.scale:
             systems += [RouterSystem(n, n, args.eventlog == "on", f"router g{n}/s{n}") for n in args.scale]
         else:

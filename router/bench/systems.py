@@ -216,6 +216,60 @@ class RouterSystem(System):
                 "shards": {"session": shards.session, "topic": shards.topic, "registry": shards.registry}}
 
 
+class ClusterRouterSystem(System):
+    """The router on a Ray cluster of ``nodes`` nodes on this machine (``router/localcluster.py``):
+    one ``router serve`` per node, the clients dealt round every node's gateway. On one machine the
+    nodes share its cores, so the figures show what the cluster's extra hops cost (TCP lanes
+    between nodes instead of Unix ones), not what a node's own CPUs add (README, "Scale-out")."""
+
+    dialect = "signal"
+
+    def __init__(self, nodes: int, shards: int | None = None, eventlog: bool = True, name: str = "") -> None:
+        self.nodes, self.shards, self.eventlog = nodes, shards, eventlog
+        self.name = name or f"router {nodes} node{'s' if nodes > 1 else ''}"
+        self.cluster = None
+
+    def start(self) -> None:
+        from router.localcluster import LocalCluster, session_processes
+
+        self.cluster = LocalCluster(self.nodes).start()
+        root = self.cluster.root
+        env = {"ROUTER_PORT": "0", "ROUTER_NAMESPACE": "bench", "ROUTER_SIGNAL__RATE_LIMIT_PER_MINUTE": "1e12",
+               "ROUTER_ANALYTICS__ENABLED": str(self.eventlog).lower(), "ROUTER_LOG_LEVEL": "WARNING"}
+        if self.shards:
+            env.update({f"ROUTER_SHARDS__{kind.upper()}": str(self.shards) for kind in ("session", "topic", "registry")})
+        try:
+            routers = self.cluster.serve_all(env=env, node_env={
+                index: {"ROUTER_DATA_DIR": str(root / f"data-{index}")} for index in range(self.nodes)})
+        except BaseException:
+            self.stop()
+            raise
+        self._urls = [router.endpoints["signal"] for router in routers]
+        self._pids = [pid for node in self.cluster.nodes for pid in session_processes(node.process.pid)]
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+    def urls(self) -> list[str]:
+        return self._urls
+
+    def server_processes(self) -> dict[str, list[psutil.Process]]:
+        """Every process of every node (raylets, GCS, gateways, shards, event-log writers): on one
+        machine they share its cores, so their sum is the cluster's cost."""
+        processes = []
+        for pid in self._pids:
+            try:
+                processes.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        return {"server": processes}
+
+    def describe(self) -> dict[str, Any]:
+        return {"system": self.name, "nodes": self.nodes, "eventlog": self.eventlog, "shards": self.shards}
+
+
 def cpu_seconds(processes: list[psutil.Process]) -> float:
     total = 0.0
     for process in processes:
