@@ -45,6 +45,7 @@ from router.contract import Location, Op, Routes
 from router.errors import CommandError
 from router.lane import LaneServer
 from router.metrics import ShardMetrics
+from router.postgres import STORE_ERRORS
 from router.proc import tune_gc
 from router.shardmap import GATEWAY_PREFIX, gateway_name, shard_name
 
@@ -125,8 +126,34 @@ class Shard:
         self._lock = threading.RLock()
         self._lane: LaneServer | None = None
         self._watched: set[str] = set()  # gateways whose lane closed, being checked
+        wait = STORE_RETRY_FIRST_S
+        while True:
+            try:
+                self._build(components)
+                break
+            except STORE_ERRORS as error:
+                # Ray never restarts an actor whose constructor raised: a shard that gave up here
+                # while the store was briefly unreachable (a failover, a node restarting) would be
+                # gone for good. It waits instead; its callers time out meanwhile.
+                logger.warning("%s: the store is unavailable (%s); trying again in %.1f s", self.name, error, wait)
+                time.sleep(wait)
+                wait = min(wait * 2, STORE_RETRY_MAX_S)
+        tune_gc()
+        self._healing: set[str] = set()  # gateways that have not re-announced yet
+        self._heal_deadline = 0.0
+        self.healed_in: float | None = None  # seconds from start to the last re-announcement
+        self._started = time.monotonic()
+        if _restarted():
+            self._healing = self._live_gateways()
+            self._heal_deadline = self._started + settings.shards.heal_timeout_s
+            logger.warning("%s restarted as %s: waiting for %d gateway(s) to re-announce", self.name, self.epoch,
+                           len(self._healing))
+
+    def _build(self, components: list[type["Component"]]) -> None:
+        """The components (in order: one may use those before it, ``component()``), their
+        operations, and what each restores from its store."""
         self.components: list[Component] = []
-        for component in components:  # in order: one may use those before it (``component()``)
+        for component in components:
             self.components.append(component(self))
         self._ops: dict[str, Handler] = {Op.PURGE: self._purge_connection, Op.STATS: self._stats_op,
                                          Op.REANNOUNCED: self._reannounced}
@@ -137,18 +164,8 @@ class Shard:
                     raise ValueError(f"{self.name}: operation {op!r} is declared twice")
                 self._ops[op] = handler
                 self._owners[op] = component
-        tune_gc()
         for component in self.components:
             component.restore()
-        self._healing: set[str] = set()  # gateways that have not re-announced yet
-        self._heal_deadline = 0.0
-        self.healed_in: float | None = None  # seconds from start to the last re-announcement
-        self._started = time.monotonic()
-        if _restarted():
-            self._healing = self._live_gateways()
-            self._heal_deadline = self._started + settings.shards.heal_timeout_s
-            logger.warning("%s restarted as %s: waiting for %d gateway(s) to re-announce", self.name, self.epoch,
-                           len(self._healing))
 
     def _live_gateways(self) -> set[str]:
         try:
@@ -382,6 +399,7 @@ class Shard:
 # After a gateway's lane closes, when to check whether the gateway still exists (seconds, each after
 # the one before): a dead actor's name is released within moments; a live gateway reopens its lane.
 GATEWAY_CHECKS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+STORE_RETRY_FIRST_S, STORE_RETRY_MAX_S = 0.5, 5.0  # a shard starting while its store is unreachable
 
 _RETRY = CommandError(contract.HEALING, "the shard is healing after a restart; retry")
 

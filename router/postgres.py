@@ -17,6 +17,7 @@ can fail one of two concurrent creations of the same table).
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import zlib
 from contextlib import contextmanager
@@ -32,6 +33,11 @@ _lock = threading.Lock()
 
 class StoreUnavailable(RuntimeError):
     """PostgreSQL could not be reached in time; the message says where and why (no password)."""
+
+
+# What a store raises while its database cannot be reached (a pool that times out raises
+# psycopg_pool.PoolTimeout, an OperationalError; a SQLite file locked past the busy timeout too).
+STORE_ERRORS = (StoreUnavailable, psycopg.OperationalError, sqlite3.OperationalError)
 
 
 def redact(url: str) -> str:

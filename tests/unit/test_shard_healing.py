@@ -51,3 +51,32 @@ def test_a_shard_started_for_the_first_time_does_not_heal(tmp_path):
     settings = load_settings(data_dir=tmp_path, metrics={"enabled": False})
     fresh = Shard("topic", 0, settings, shard_components(settings)["topic"])
     assert fresh.handle("gw-a", [contract.publish("t", "x", DELIVER_TEXT)])[0] == [0]
+
+
+def test_a_shard_waits_for_its_store_instead_of_failing_its_start(tmp_path, monkeypatch):
+    """Ray never restarts an actor whose constructor raised: a shard whose store was unreachable for
+    a moment while it (re)started was gone for good. It now tries again until the store answers."""
+    from actors import shard as shard_module
+    from actors.shard import Component, Shard
+    from router.postgres import StoreUnavailable
+    from router.settings import load_settings
+
+    monkeypatch.setattr(shard_module, "STORE_RETRY_FIRST_S", 0.01)
+    attempts = {"built": 0, "restored": 0}
+
+    class Stored(Component):
+        def __init__(self, shard):
+            super().__init__(shard)
+            attempts["built"] += 1
+            if attempts["built"] == 1:
+                raise StoreUnavailable("PostgreSQL at postgresql://db:5432/router is not reachable")
+
+        def restore(self):
+            attempts["restored"] += 1
+            if attempts["restored"] == 1:
+                import psycopg
+                raise psycopg.OperationalError("connection refused")
+
+    started = Shard("topic", 0, load_settings(data_dir=tmp_path, metrics={"enabled": False}), (Stored,))
+    assert attempts == {"built": 3, "restored": 2}
+    assert [type(component) for component in started.components] == [Stored]
