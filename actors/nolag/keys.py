@@ -8,7 +8,9 @@ node shares, so a key created anywhere is known everywhere.
 
 Only an HMAC-SHA256 of the secret is stored, keyed with a random salt per key; a token is checked
 with ``hmac.compare_digest``. Revocation sets ``revoked_at``: :meth:`KeyStore.verify` refuses the
-key at once, and gateways poll :meth:`KeyStore.revoked_since` to disconnect live sessions.
+key at once, and gateways poll :meth:`KeyStore.revoked_among` with the keys of their live
+sessions to disconnect them. The poll compares no timestamps: on a cluster the revoking machine's
+clock may be behind the gateway's.
 
 ACL patterns match topic slugs ``app/room/topic`` segment by segment:
 - a literal segment (``A-Z a-z 0-9 _ . -``) matches itself;
@@ -138,6 +140,7 @@ def _digest(salt: bytes, secret: str) -> bytes:
     return hmac.new(salt, secret.encode("utf-8"), hashlib.sha256).digest()
 
 
+_MAX_KEYS_PER_QUERY = 500  # bound parameters per query (SQLite's limit is far above)
 _COLUMNS = ("key_id, environment, project_id, publish, subscribe, rate_limit_per_s, monthly_quota, "
             "created_at, revoked_at")
 
@@ -223,9 +226,17 @@ class KeyStore(ABC):
     def revoke(self, key_id: str) -> bool:
         """True if the key existed and was active."""
 
+    def revoked_among(self, key_ids: Iterable[str]) -> list[str]:
+        """Which of ``key_ids`` are revoked (or gone), sorted."""
+        wanted = sorted(set(key_ids))
+        active: set[str] = set()
+        for start in range(0, len(wanted), _MAX_KEYS_PER_QUERY):
+            active.update(self._active(wanted[start:start + _MAX_KEYS_PER_QUERY]))
+        return [key_id for key_id in wanted if key_id not in active]
+
     @abstractmethod
-    def revoked_since(self, timestamp: float) -> list[str]:
-        """Keys revoked at or after ``timestamp`` (inclusive: a poller loses none), oldest first."""
+    def _active(self, key_ids: list[str]) -> list[str]:
+        """Those of ``key_ids`` that exist and are not revoked."""
 
     @abstractmethod
     def usage(self, key_id: str, month: str) -> int: ...
@@ -278,10 +289,11 @@ class SqliteKeyStore(KeyStore):
                                       (self._clock(), key_id))
             return cursor.rowcount == 1
 
-    def revoked_since(self, timestamp: float) -> list[str]:
+    def _active(self, key_ids: list[str]) -> list[str]:
+        marks = ", ".join("?" * len(key_ids))
         with self._lock:
-            rows = self._db.execute("SELECT key_id FROM keys WHERE revoked_at >= ? ORDER BY revoked_at, key_id",
-                                    (timestamp,)).fetchall()
+            rows = self._db.execute(f"SELECT key_id FROM keys WHERE key_id IN ({marks}) AND revoked_at IS NULL",
+                                    key_ids).fetchall()
         return [row[0] for row in rows]
 
     def _consume(self, key_id: str, count: int, month: str) -> bool:
@@ -353,10 +365,10 @@ class PostgresKeyStore(KeyStore):
                                 (self._clock(), key_id))
             return cursor.rowcount == 1
 
-    def revoked_since(self, timestamp: float) -> list[str]:
+    def _active(self, key_ids: list[str]) -> list[str]:
         with self._pool.connection() as db:
-            rows = db.execute('SELECT key_id FROM nolag_keys WHERE revoked_at >= %s '
-                              'ORDER BY revoked_at, key_id COLLATE "C"', (timestamp,)).fetchall()
+            rows = db.execute("SELECT key_id FROM nolag_keys WHERE key_id = ANY(%s) AND revoked_at IS NULL",
+                              (key_ids,)).fetchall()
         return [row[0] for row in rows]
 
     def _consume(self, key_id: str, count: int, month: str) -> bool:

@@ -59,9 +59,10 @@ HEARTBEAT = b""
 AUTH_ATTEMPTS = 3  # reading (or resetting) the actor's kept state, before the auth fails
 ENVELOPE_ALLOWANCE = 4096  # a frame may exceed the data limit by this much (its other fields)
 QUOTA_BLOCK = 100  # messages of a key's monthly quota a gateway reserves at once
-# Frames a connection may send while one of its frames waits for the key store (before the key is
-# read, the rate limit does not apply yet); beyond this it is closed.
+# Frames, and their bytes, a connection may send while one of its frames waits for the key store
+# (before the key is read, the rate limit does not apply yet); beyond either it is closed (1008).
 MAX_WAITING_FRAMES = 1000
+MAX_WAITING_BYTES = 4 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -124,14 +125,15 @@ class NolagDialect(Dialect):
                 "hydrations": self.hydrations}
 
     async def _watch_revocations(self) -> None:
-        """Poll the key store: a revoked key's live sessions get ``disconnect {token_invalid}``."""
-        since = time.time()
+        """Poll the key store: a revoked key's live sessions get ``disconnect {token_invalid}``.
+        It asks about the keys in use here, not "revoked since": no two machines' clocks compared."""
         while True:
             await asyncio.sleep(self.config.revocation_poll_s)
+            in_use = {session.key.key_id for session in self.sessions if session.key is not None}
+            if not in_use:
+                continue
             try:
-                checked = time.time()
-                revoked = set(await self.key_store(lambda keys: keys.revoked_since(since)))
-                since = checked - 1.0  # overlap: a revocation committed meanwhile is seen next time
+                revoked = set(await self.key_store(lambda keys: keys.revoked_among(in_use)))
             except Exception:
                 logger.exception("nolag: reading revoked keys failed")
                 continue
@@ -250,6 +252,7 @@ class NolagSession(DialectSession):
         # Frames (with their meta, taken on arrival) that came while one waits for the key store:
         # handled in order after it.
         self.waiting: deque[tuple[bytes, tuple | None]] | None = None
+        self.waiting_bytes = 0
         self.last_checkpoint = 0.0
         self.checkpointed: tuple | None = None  # what the session shard was last told
 
@@ -260,8 +263,9 @@ class NolagSession(DialectSession):
             return
         waiting = self.waiting
         if waiting is not None:  # a frame waits for the key store: this one keeps its place behind it
-            if len(waiting) >= MAX_WAITING_FRAMES:
-                self._shut(1008, "too many frames while the key was read")
+            self.waiting_bytes += len(data)
+            if len(waiting) >= MAX_WAITING_FRAMES or self.waiting_bytes > MAX_WAITING_BYTES:
+                self._shut(1008, "too much sent while the key was read")
                 return
             waiting.append((data, self.gateway.event_meta(DIALECT) if data else None))
             return
@@ -894,7 +898,7 @@ class NolagSession(DialectSession):
         """A frame needs the key store (off the event loop): it goes on with ``resume(answer)`` of
         ``await call()`` (the exception, if it failed), and the frames that arrive meanwhile wait
         behind it, so the connection's frames are still handled in the order they came."""
-        self.waiting = deque()
+        self.waiting, self.waiting_bytes = deque(), 0
         self._spawn(self._resume(call, resume))
 
     async def _resume(self, call: Callable[[], Awaitable], resume: Callable[[Any], None]) -> None:
@@ -916,6 +920,7 @@ class NolagSession(DialectSession):
             return
         if self.waiting is not None:  # a frame waits again: the rest stay behind it
             self.waiting.extend(waiting)
+            self.waiting_bytes += sum(len(data) for data, _ in waiting)
 
 
 def _selects(sub: _Subscription, filter_: str | None) -> bool:

@@ -137,3 +137,21 @@ def test_a_qos1_message_is_replayed_after_a_reconnect_from_the_postgresql_log(pg
     assert logged == [(msg_id, 1) for msg_id in msg_ids]
     assert pg_nolag.rows(f"SELECT topic, qos FROM nolag_subscriptions WHERE actor = '{actor}'") == [(topic, 1)]
     assert not any((pg_nolag.data_dir / name).exists() for name in SQLITE_FILES)
+
+
+def test_a_key_revoked_from_a_machine_whose_clock_is_behind_still_disconnects_its_sessions(pg_nolag):
+    """On a cluster `router keys revoke` runs on any machine: its clock may be behind the gateway's.
+    The revocation must reach the live sessions anyway (the gateway asks which of its sessions'
+    keys are revoked; it does not compare two machines' clocks)."""
+    token, record = pg_nolag.keys.create(PROJECT)
+
+    async def scenario():
+        client = await Client.open(pg_nolag.urls[0])
+        await client.send({"type": "auth", "token": token, "reconnect": False, "projectId": PROJECT})
+        assert (await client.recv())["success"] is True
+        behind = open_key_store(pg_nolag.running.settings, clock=lambda: time.time() - 3600)
+        assert behind.revoke(record.key_id)
+        assert await asyncio.wait_for(client.recv(), 15) == {"type": "disconnect", "reason": "token_invalid"}
+        await asyncio.wait_for(client.ws.wait_closed(), 10)
+
+    run(scenario())

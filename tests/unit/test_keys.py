@@ -102,22 +102,29 @@ def test_parse_token_splits_on_the_dot():
     assert parse_token("at_live_0123456789abcde.x") is None
 
 
-def test_revoke_and_revoked_since(store, clock):
+def test_revoke_and_revoked_among(store, clock):
     first_token, first = store.create("p")
     _, second = store.create("p")
+    _, third = store.create("p")
     clock.now += 10
     assert store.revoke(first.key_id) is True
     assert store.revoke(first.key_id) is False
     assert store.revoke("0000000000000000") is False
     assert store.verify(first_token) is None
     assert store.get(first.key_id).revoked_at == clock.now
-    clock.now += 5
+    assert store.revoked_among([]) == []
+    assert store.revoked_among([second.key_id, third.key_id]) == []
     store.revoke(second.key_id)
-    assert store.revoked_since(clock.now - 15) == [first.key_id, second.key_id]
-    assert store.revoked_since(clock.now - 10) == [first.key_id, second.key_id]  # inclusive
-    assert store.revoked_since(clock.now - 4.9) == [second.key_id]
-    assert store.revoked_since(clock.now + 0.1) == []
+    # unknown keys count as revoked (a key deleted from the store ends its sessions too)
+    assert store.revoked_among([third.key_id, second.key_id, first.key_id, "0000000000000000"]) == sorted(
+        ["0000000000000000", first.key_id, second.key_id])
 
+
+def test_revoked_among_asks_about_any_number_of_keys(store):
+    keys = [store.create("p")[1].key_id for _ in range(3)]
+    store.revoke(keys[1])
+    many = [f"{n:016x}" for n in range(1200)] + keys  # more than one query's worth
+    assert store.revoked_among(many) == sorted(set(many) - {keys[0], keys[2]})
 
 def test_list_has_no_secrets_and_is_in_creation_order(store, clock):
     _, a = store.create("p1")
@@ -221,7 +228,7 @@ def test_two_processes_share_the_store(store_settings, clock):
     assert one.consume(record.key_id, 2) and not two.consume(record.key_id, 2) and two.consume(record.key_id, 1)
     assert one.usage(record.key_id, month_of(clock.now)) == 3
     assert two.revoke(record.key_id) and one.verify(token) is None
-    assert one.revoked_since(clock.now) == [record.key_id]
+    assert one.revoked_among([record.key_id]) == [record.key_id]
     if store_settings.store.postgres is None:
         assert one._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     one.close()

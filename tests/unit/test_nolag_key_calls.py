@@ -18,7 +18,7 @@ from actors.nolag.keys import month_of, open_key_store
 from actors.nolag.shard import NolagActors, NolagTopics
 from actors.pubsub import PubSub
 from actors.shard import Shard
-from gateways.nolag.session import NolagDialect
+from gateways.nolag.session import MAX_WAITING_BYTES, NolagDialect
 from router import contract
 from router.settings import load_settings
 from router.shardmap import SESSION, TOPIC
@@ -209,6 +209,29 @@ def test_a_key_store_that_cannot_be_reached_fails_the_auth_and_closes(tmp_path):
         assert ticks >= 20  # the loop ran while the store was tried for about a second
         assert replies(wire) == [{"type": "auth", "success": False, "error": "internal_error"}]
         assert wire.closed == (1011, "the router could not read the key")
+        await dialect.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_frames_waiting_behind_the_key_store_are_bounded_in_bytes_too(tmp_path):
+    """Before: at most 1,000 frames waited, whatever their size (up to 1 GiB per connection, with
+    no key needed). Past MAX_WAITING_BYTES the connection is closed with 1008."""
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False})
+    token, _ = open_key_store(settings).create("p")
+
+    async def scenario():
+        dialect = NolagDialect(Gateway(settings), settings.nolag)
+        wire = Wire()
+        session = dialect.open_session(wire, [])
+        session.on_message(frame(type="auth", token=token), False)
+        big = frame(type="publish", topic=TOPIC_NAME, data=b"x" * 200_000, msgRef="r")
+        sent = 0
+        while wire.closed is None and sent < 100:  # one loop turn: the key is not read yet
+            session.on_message(big, False)
+            sent += 1
+        assert wire.closed == (1008, "too much sent while the key was read")
+        assert sent == MAX_WAITING_BYTES // len(big) + 1
         await dialect.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
