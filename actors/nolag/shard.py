@@ -304,7 +304,10 @@ class NolagTopics(Component):
         now = self.now
         if self._log is not None and now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_MS
-            self._log.prune(now)
+            try:
+                self._log.prune(now)
+            except Exception:  # housekeeping: the batch's results stand; tried again next time
+                logger.exception("%s: pruning the message log failed", self.shard.name)
 
 
 class NolagActors(Component):

@@ -191,3 +191,26 @@ def test_nolag_keeps_logged_messages_when_the_log_cannot_store_them_and_stores_t
     assert results == [0]
     assert [record.msg_id for record in log.records] == ["m1", "m2"]
     assert [m.msg_id for m in shard.handle("g", [nolag.log(key, 0, 10)])[0][0]] == ["m1", "m2"]
+
+
+def test_a_failing_retention_prune_does_not_fail_the_batch_it_follows(tmp_path):
+    """Pruning is housekeeping: before, a prune that failed (the store unreachable) made the base
+    answer every NoLag command of the batch with an error although each was delivered and logged,
+    and clients sent them again."""
+    from actors.nolag import contract as nolag
+    from actors.nolag.shard import NolagTopics
+
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False})
+    shard = Shard(TOPIC, 0, settings, (PubSub, NolagTopics))
+    topics = shard.component(NolagTopics)
+    log = topics.message_log
+
+    def unreachable(now_ms, retention=None):
+        raise OSError("the store is unreachable")
+
+    log.prune = unreachable
+    topics._next_prune = 0  # due with this batch
+    key = "nolag/p/app/room/t"
+    results, _ = shard.handle("g", [nolag.publish(key, "app/room/t", b"\x01", 1, None, None, "m1", "actor")])
+    assert results == [0]
+    assert [m.msg_id for m in shard.handle("g", [nolag.log(key, 0, 10)])[0][0]] == ["m1"]
