@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field, create_model
 
 from gateways.dialects import DIALECTS
-from router.config import MAX_SHARDS, SHARDS_DEFAULT, CoreSettings, load
+from router.config import MAX_SHARDS, SHARDS_DEFAULT, ConfigError, CoreSettings, load
 from router.config import ShardsConfig as CoreShards
 
 ShardsConfig = create_model(
@@ -50,7 +50,20 @@ def settings_from_args(args: Any, **extra: Any) -> Any:
     return load_settings(getattr(args, "config", None), **overrides)
 
 
+# PostgreSQL refuses an index entry over about 2.7 KB, which SQLite does not: a NoLag topic or a
+# Baqend key indexed on PostgreSQL must stay under it (Baqend keys may be 4 bytes a character).
+POSTGRES_LIMITS = (("nolag", "max_topic_length", 2000), ("baqend", "max_key_length", 500))
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Any:
     """The router's settings from defaults, ``config_file`` (or ``$ROUTER_CONFIG``), the
     environment and ``overrides`` (see :func:`router.config.load`)."""
-    return load(RouterSettings, config_file, **overrides)
+    settings = load(RouterSettings, config_file, **overrides)
+    if settings.store.postgres is not None:
+        over = [f"  {section}.{name}: at most {most} with store.url (PostgreSQL index entries are limited "
+                f"to about 2.7 KB), not {value}"
+                for section, name, most in POSTGRES_LIMITS
+                if (value := getattr(getattr(settings, section), name)) > most]
+        if over:
+            raise ConfigError("invalid configuration:\n" + "\n".join(over))
+    return settings

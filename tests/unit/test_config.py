@@ -405,3 +405,22 @@ def test_unparsable_structured_env_value_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError) as raised:
         load_settings()
     assert 'error parsing value for field "shards"' in str(raised.value)
+
+
+def test_lengths_postgresql_cannot_index_are_refused_with_a_store_url():
+    """A NoLag topic or Baqend key over about 2.7 KB fails a PostgreSQL index (it does not on
+    SQLite): such limits are refused at start, naming each, only when store.url is set."""
+    from router.config import ConfigError
+    from router.settings import load_settings
+
+    assert load_settings(None, nolag={"max_topic_length": 4096}).nolag.max_topic_length == 4096
+    with pytest.raises(ConfigError) as refused:
+        load_settings(None, store={"url": "postgresql://router@db/router"}, nolag={"max_topic_length": 4096},
+                      baqend={"max_key_length": 501})
+    assert str(refused.value) == (
+        "invalid configuration:\n"
+        "  nolag.max_topic_length: at most 2000 with store.url (PostgreSQL index entries are limited to about "
+        "2.7 KB), not 4096\n"
+        "  baqend.max_key_length: at most 500 with store.url (PostgreSQL index entries are limited to about "
+        "2.7 KB), not 501")
+    assert load_settings(None, store={"url": "postgresql://router@db/router"}).nolag.max_topic_length == 256
