@@ -72,7 +72,10 @@ def store_settings(request, tmp_path):
     (tests/pg.py), a fresh schema per test."""
     from router.settings import load_settings
 
+    from router import postgres
+
     store = {}
     if request.param == "postgresql":
         store = {"url": request.getfixturevalue("postgres_server").fresh_url()}
-    return load_settings(None, data_dir=tmp_path, store=store)
+    yield load_settings(None, data_dir=tmp_path, store=store)
+    postgres.close_all()  # each test's schema has its own URL, so its own pool: close it with the test
