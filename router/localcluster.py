@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from router.proc import free_port
+
 RAY = str(Path(sys.executable).with_name("ray"))
 # A lost node is noticed after health_check_period_ms x health_check_failure_threshold: Ray's
 # defaults (3 s x 5) leave the shards of a lost machine down for 15 s; a cluster on one machine
@@ -67,12 +69,6 @@ while True:
         break
     time.sleep(0.2)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 def session_processes(session: int) -> list[int]:
@@ -192,11 +188,11 @@ class LocalCluster:
         self._ray_root = Path(tempfile.mkdtemp(prefix="rlc-"))
         with open(os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
             file.write(secrets.token_hex(32))
-        port = free_port()
+        port = free_port('')  # every interface, as Ray's own ports
         self.address = f"127.0.0.1:{port}"
         try:
-            self._start_node(0, ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}",
-                                 f"--dashboard-port={free_port()}", "--include-dashboard=false",
+            self._start_node(0, ["--head", f"--port={port}", f"--ray-client-server-port={free_port('')}",
+                                 f"--dashboard-port={free_port('')}", "--include-dashboard=false",
                                  f"--system-config={json.dumps(self.system_config)}"])
             self._wait_for_gcs(port, timeout_s)
             for index in range(1, self.count):
@@ -217,9 +213,9 @@ class LocalCluster:
         temp_dir = self._ray_root / str(index)
         command = [RAY, "start", "--block", *role, f"--node-name={name}", f"--temp-dir={temp_dir}",
                    f"--num-cpus={self.num_cpus}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                   "--min-worker-port=0", "--max-worker-port=0", f"--dashboard-agent-listen-port={free_port()}",
-                   f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
-                   f"--runtime-env-agent-port={free_port()}", "--include-log-monitor=false",
+                   "--min-worker-port=0", "--max-worker-port=0", f"--dashboard-agent-listen-port={free_port('')}",
+                   f"--dashboard-agent-grpc-port={free_port('')}", f"--metrics-export-port={free_port('')}",
+                   f"--runtime-env-agent-port={free_port('')}", "--include-log-monitor=false",
                    "--disable-usage-stats"]
         # worker_niceness=0 as the embedded router (router/runtime.py); no drain on SIGTERM: stop()
         # has stopped the routers already, and a drain waits for detached actors that never leave.

@@ -5,8 +5,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 
 logger = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the kernel's pick), for a server started next."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -16,10 +16,11 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from router.proc import free_port
 
 MISSING = ("PostgreSQL was not found: these tests start a throwaway PostgreSQL 15 server with initdb and pg_ctl. "
            "Install Debian's postgresql package (apt-get install postgresql), or set ROUTER_TEST_PG_BIN to the "
@@ -37,18 +38,12 @@ def find_bin() -> Path:
     raise RuntimeError(MISSING)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class PostgresServer:
     def __init__(self) -> None:
         self.bin = find_bin()
         self.root = Path(tempfile.mkdtemp(prefix="router-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.password = secrets.token_urlsafe(16)
         self.user = "router"
         self.database = "router"

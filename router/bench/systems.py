@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,18 +15,14 @@ from typing import Any
 
 import psutil
 
+from router.proc import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 RAW_SERVER = ROOT / "benchmarks" / "raw_server.py"
 
 
 class Unavailable(Exception):
     """A baseline's server is not installed here: the harness skips it and says why."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class System:

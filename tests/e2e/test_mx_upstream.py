@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 import ray
@@ -14,14 +13,9 @@ from tests.e2e.client import eventually, run
 from tests.e2e.conftest import start_router
 from tests.e2e.mx_client import Consumer
 from tests.e2e.test_mx import hub_urls
+from router.proc import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class FakeNodeServer:
