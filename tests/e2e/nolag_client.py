@@ -8,6 +8,8 @@ from typing import Any
 import msgpack
 from websockets.asyncio.client import ClientConnection, connect
 
+from actors.nolag.keys import open_key_store
+
 
 class Client:
     def __init__(self, ws: ClientConnection) -> None:
@@ -57,3 +59,27 @@ class Client:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+class NolagRouter:
+    """A router the NoLag tests talk to: its key store, opened as `router keys` opens it with the
+    router's settings, and its gateways' URLs (read from the router each time: a replaced gateway
+    keeps its port)."""
+
+    def __init__(self, running: Any, project: str = "proj_1") -> None:
+        self.running = running
+        self.project = project
+        self.keys = open_key_store(running.settings)
+
+    @property
+    def router(self) -> Any:
+        return self.running.router
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"ws://127.0.0.1:{gateway['listeners'][0]['port']}/ws" for gateway in self.router.endpoints()]
+
+    def token(self, **options: Any) -> str:
+        """A new key's token (``options``: its ACL, rate, quota)."""
+        token, _ = self.keys.create(self.project, **options)
+        return token

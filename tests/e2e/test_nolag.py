@@ -12,18 +12,16 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import msgpack
 import pytest
 import ray
 
-from actors.nolag.keys import open_key_store
 from router import contract
 from router.shardmap import TOPIC as TOPIC_SHARD, shard_name
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
-from tests.e2e.nolag_client import Client
+from tests.e2e.nolag_client import Client, NolagRouter
 
 pytestmark = pytest.mark.e2e
 
@@ -59,21 +57,14 @@ class Webhook:
         self.server.shutdown()
 
 
-class NolagRouter:
-    def __init__(self, running: RunningRouter, data_dir: Path, webhook: Webhook) -> None:
-        self.running = running
-        self.keys = open_key_store(running.settings)
+class HydratingRouter(NolagRouter):
+    def __init__(self, running: RunningRouter, webhook: Webhook) -> None:
+        super().__init__(running)
         self.webhook = webhook
-        ports = [gateway["listeners"][0]["port"] for gateway in running.router.endpoints()]
-        self.urls = [f"ws://127.0.0.1:{port}/ws" for port in ports]
-
-    def token(self, **options) -> str:
-        token, _ = self.keys.create("proj_1", **options)
-        return token
 
 
 @pytest.fixture(scope="module")
-def nolag(ray_runtime, tmp_path_factory) -> NolagRouter:
+def nolag(ray_runtime, tmp_path_factory) -> HydratingRouter:
     data_dir = tmp_path_factory.mktemp("nolag-data")
     webhook = Webhook()
     running = start_router(
@@ -85,7 +76,7 @@ def nolag(ray_runtime, tmp_path_factory) -> NolagRouter:
                "lobbies": {"trips": {"prefix": "trip-"}, "pair": {"rooms": ["r1", "r2"]}},
                "hydration": [{"topics": "hyd/*/*", "url": webhook.url}]},
     )
-    yield NolagRouter(running, data_dir, webhook)
+    yield HydratingRouter(running, webhook)
     running.router.stop()
     webhook.stop()
 

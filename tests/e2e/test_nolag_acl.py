@@ -9,14 +9,11 @@ room; otherwise the request gets ``not_authorized``, as a denied subscribe does.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from actors.nolag.keys import open_key_store
 from tests.e2e.client import run
 from tests.e2e.conftest import start_router
-from tests.e2e.nolag_client import Client
+from tests.e2e.nolag_client import Client, NolagRouter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
@@ -24,16 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.security]
 GENERAL_ONLY = {"publish": ["chat/general/#"], "subscribe": ["chat/general/#"]}
 
 
-class AclRouter:
-    def __init__(self, running, data_dir: Path) -> None:
-        self.running = running
-        self.keys = open_key_store(running.settings)
-        port = running.router.endpoints()[0]["listeners"][0]["port"]
-        self.url = f"ws://127.0.0.1:{port}/ws"
-
+class AclRouter(NolagRouter):
     async def client(self, **acl) -> Client:
-        token, _ = self.keys.create("proj_acl", **acl)
-        return await Client.open(self.url, token)
+        return await Client.open(self.urls[0], self.token(**acl))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +35,7 @@ def acl_router(ray_runtime, tmp_path_factory) -> AclRouter:
         mx={"enabled": False}, baqend={"enabled": False}, analytics={"enabled": False},
         nolag={"lobbies": {"trips": {"prefix": "trip-"}, "pair": {"rooms": ["r1", "r2"]}}},
     )
-    yield AclRouter(running, data_dir)
+    yield AclRouter(running, "proj_acl")
     running.router.stop()
 
 

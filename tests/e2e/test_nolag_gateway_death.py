@@ -22,12 +22,11 @@ import pytest
 import ray
 
 from actors.nolag.contract import room_key, topic_key
-from actors.nolag.keys import KeyStore, open_key_store
 from gateways.nolag.session import room_of
 from router.shardmap import shard_index
 from tests.e2e.client import run
-from tests.e2e.conftest import RunningRouter, free_consecutive_ports, start_router
-from tests.e2e.nolag_client import Client
+from tests.e2e.conftest import free_consecutive_ports, start_router
+from tests.e2e.nolag_client import Client, NolagRouter
 
 pytestmark = pytest.mark.e2e
 
@@ -40,20 +39,8 @@ TOPIC_SHARDS = 2
 COUNT = 10
 
 
-class DeathRouter:
-    def __init__(self, running: RunningRouter, keys: KeyStore) -> None:
-        self.running = running
-        self.keys = keys
-        ports = [gateway["listeners"][0]["port"] for gateway in running.router.endpoints()]
-        self.urls = [f"ws://127.0.0.1:{port}/ws" for port in ports]
-
-    def token(self) -> str:
-        token, _ = self.keys.create(PROJECT)
-        return token
-
-
 @pytest.fixture(scope="module")
-def nolag_death(ray_runtime, tmp_path_factory) -> DeathRouter:
+def nolag_death(ray_runtime, tmp_path_factory) -> NolagRouter:
     data_dir = tmp_path_factory.mktemp("nolag-death-data")
     running = start_router(
         namespace="e2e-nolag-death", data_dir=data_dir, port=free_consecutive_ports(2), gateways=2,
@@ -61,7 +48,7 @@ def nolag_death(ray_runtime, tmp_path_factory) -> DeathRouter:
         signal={"enabled": False}, cashu={"enabled": False}, mx={"enabled": False}, baqend={"enabled": False},
         gateway={"sweep_interval_s": 0.1},
     )
-    yield DeathRouter(running, open_key_store(running.settings))
+    yield NolagRouter(running, PROJECT)
     running.router.stop()
 
 

@@ -27,12 +27,11 @@ import ray
 from websockets.exceptions import ConnectionClosed
 
 from actors.nolag.contract import actor_key, room_key, topic_key
-from actors.nolag.keys import KeyStore, open_key_store
 from router.shardmap import SESSION, TOPIC, shard_index
 from tests.e2e.client import eventually, run
-from tests.e2e.conftest import RunningRouter, free_consecutive_ports, start_router
+from tests.e2e.conftest import free_consecutive_ports, start_router
 from tests.e2e.kills import HealingTimes, epoch_of, kill_shard, owner, threads_stopped
-from tests.e2e.nolag_client import Client
+from tests.e2e.nolag_client import Client, NolagRouter
 
 pytestmark = pytest.mark.e2e
 
@@ -40,26 +39,8 @@ PROJECT = "proj_1"
 HEALING = HealingTimes()  # printed at the end of the module
 
 
-class HealRouter:
-    def __init__(self, running: RunningRouter, keys: KeyStore) -> None:
-        self.running = running
-        self.keys = keys
-
-    @property
-    def router(self) -> Any:
-        return self.running.router
-
-    @property
-    def urls(self) -> list[str]:
-        return [f"ws://127.0.0.1:{gateway['listeners'][0]['port']}/ws" for gateway in self.router.endpoints()]
-
-    def token(self) -> str:
-        token, _ = self.keys.create(PROJECT)
-        return token
-
-
 @pytest.fixture(scope="module")
-def nolag_heal(ray_runtime, tmp_path_factory) -> HealRouter:
+def nolag_heal(ray_runtime, tmp_path_factory) -> NolagRouter:
     data_dir = tmp_path_factory.mktemp("nolag-heal-data")
     running = start_router(
         namespace="e2e-nolag-heal", data_dir=data_dir, port=free_consecutive_ports(2), gateways=2,
@@ -68,14 +49,14 @@ def nolag_heal(ray_runtime, tmp_path_factory) -> HealRouter:
         gateway={"sweep_interval_s": 0.1},
         nolag={"lobbies": {"heal": {"prefix": "heal-"}}},
     )
-    yield HealRouter(running, open_key_store(running.settings))
+    yield NolagRouter(running, PROJECT)
     running.router.stop()
     HEALING.report("NoLag")
 
 
 # -- helpers -----------------------------------------------------------------------------------------
 
-async def restarted(heal: HealRouter, kind: str, index: int, epoch: str) -> None:
+async def restarted(heal: NolagRouter, kind: str, index: int, epoch: str) -> None:
     async def probe():
         now = await asyncio.to_thread(epoch_of, heal.router, kind, index)
         return now is not None and now != epoch
@@ -235,7 +216,7 @@ def test_a_killed_session_shard_keeps_the_actors_state_qos1_at_least_once_qos2_e
     run(scenario(), timeout=120)
 
 
-def _kill_gateway_and_replace(heal: HealRouter, index: int) -> None:
+def _kill_gateway_and_replace(heal: NolagRouter, index: int) -> None:
     router = heal.router
     restarts = router.restarts
     pid = ray.get(router.gateways[index].actor.stats.remote(), timeout=30)["pid"]

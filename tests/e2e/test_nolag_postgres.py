@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from actors.nolag.keys import KeyStore, PostgresKeyStore, month_of, open_key_store
+from actors.nolag.keys import PostgresKeyStore, month_of, open_key_store
 from tests.e2e.client import run
 from tests.e2e.conftest import RunningRouter, start_router
-from tests.e2e.nolag_client import Client
+from tests.e2e.nolag_client import Client, NolagRouter
 
 pytestmark = pytest.mark.e2e
 
@@ -26,16 +25,12 @@ PROJECT = "proj_pg"
 SQLITE_FILES = ("keys.sqlite3", "nolag-log.sqlite3", "nolag-actors.sqlite3")
 
 
-@dataclass
-class PgRouter:
-    running: RunningRouter
-    url: str
-    data_dir: Path
-    keys: KeyStore
+class PgRouter(NolagRouter):
+    """Its key store is the one `router keys create` opens with the router's settings: PostgreSQL."""
 
-    @property
-    def urls(self) -> list[str]:
-        return [f"ws://127.0.0.1:{gateway['listeners'][0]['port']}/ws" for gateway in self.running.router.endpoints()]
+    def __init__(self, running: RunningRouter, url: str, data_dir: Path) -> None:
+        super().__init__(running, PROJECT)
+        self.url, self.data_dir = url, data_dir
 
     def rows(self, query: str) -> list[tuple]:
         with psycopg.connect(self.url) as connection:
@@ -52,8 +47,7 @@ def pg_nolag(ray_runtime, postgres_server, tmp_path_factory) -> PgRouter:
         mx={"enabled": False}, baqend={"enabled": False}, analytics={"enabled": False},
         gateway={"sweep_interval_s": 0.1}, nolag={"revocation_poll_s": 0.2}, store={"url": url},
     )
-    keys = open_key_store(running.settings)  # what `router keys create` opens with these settings
-    yield PgRouter(running, url, data_dir, keys)
+    yield PgRouter(running, url, data_dir)
     running.router.stop()
 
 
