@@ -1,12 +1,14 @@
 """``router bench``: the benchmark harness.
 
 Load generators in separate processes drive real clients of each system over 127.0.0.1: the
-router (embedded, Signal Hub), the ``raw`` websockets server (``benchmarks/raw_server.py``, the
-ceiling of the ``websockets`` library on this machine) and Redis pub/sub, all in one run, so the
-figures are ratios on one machine. Every run is bounded in count and time. Output: a table, a
-JSON file, optionally a PNG.
+router (embedded), measured through one or more of its dialects (``--dialect``), the ``raw``
+websockets server (``benchmarks/raw_server.py``, the ceiling of the ``websockets`` library on this
+machine) and Redis pub/sub, all in one run, so the figures are ratios on one machine. Every run is
+bounded in count and time. Output: a table, a JSON file, optionally a PNG.
 
-    router bench fanout                       # S = 1, 100, 1000; router vs raw vs redis
+    router bench fanout                       # S = 1, 100, 1000; router (Signal Hub) vs raw vs redis
+    router bench fanout --dialect signal,nolag  # the same cases through NoLag too
+    router bench all --dialect all            # every scenario of every dialect: one table
     router bench all --plot bench.png         # every scenario
     router bench fanout --systems router --scale 1,2   # gateways = shards = 1, then 2
     router bench p2p --systems router --nodes 1,2,3    # a Ray cluster of 1, 2, 3 nodes on this machine
@@ -19,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from router.bench import dialects as bench_dialects
 from router.bench.report import add_ratios, document, format_table, markdown_table, plot, write_json
-from router.bench.scenarios import PLANS, SCENARIOS, Options, run_system
+from router.bench.scenarios import PLANS, SCENARIOS, Case, Options, run_system
 from router.bench.systems import ClusterRouterSystem, RawSystem, RedisSystem, RouterSystem, System, Unavailable
 
 SYSTEMS = ("raw", "redis", "router")
@@ -30,8 +33,17 @@ def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def _own_scenarios() -> dict[str, list[str]]:
+    """Each dialect's own scenarios (beyond the shared ``SCENARIOS``)."""
+    return {name: list(bench_dialects.profile(name).plans()) for name in bench_dialects.NAMES}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", choices=(*SCENARIOS, "all"))
+    own = sorted({scenario for names in _own_scenarios().values() for scenario in names} - set(SCENARIOS))
+    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all"))
+    parser.add_argument("--dialect", default="signal",
+                        help=f"comma-separated router dialects to measure: {', '.join(bench_dialects.NAMES)}, "
+                             "or all (default signal)")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help="comma-separated: raw, redis, router (default all three)")
     parser.add_argument("--subscribers", type=_ints, default=[1, 100, 1000], help="fanout: S values (default 1,100,1000)")
@@ -78,11 +90,46 @@ def _systems(args: argparse.Namespace) -> list[System]:
             systems.append(RedisSystem(pin))
         elif args.nodes:
             systems += [ClusterRouterSystem(n, args.shards, args.eventlog == "on") for n in args.nodes]
-        elif args.scale:
-            systems += [RouterSystem(n, n, args.eventlog == "on", f"router g{n}/s{n}") for n in args.scale]
         else:
-            systems.append(RouterSystem(args.gateways, args.shards, args.eventlog == "on"))
+            for dialect in _dialects(args):
+                if args.scale:
+                    systems += [RouterSystem(n, n, args.eventlog == "on", f"router g{n}/s{n}", dialect)
+                                for n in args.scale]
+                else:
+                    systems.append(RouterSystem(args.gateways, args.shards, args.eventlog == "on", "router", dialect))
     return systems
+
+
+def _dialects(args: argparse.Namespace) -> list[str]:
+    wanted = [name.strip() for name in args.dialect.split(",") if name.strip()]
+    return list(bench_dialects.NAMES) if "all" in wanted else wanted
+
+
+def plan_cases(scenario: str, dialects: list[str], options: Options) -> list[Case]:
+    """The cases of ``scenario`` (or ``all``) for each dialect that runs it, then the shared cases
+    once more for the baselines (``dialect`` None)."""
+    cases: list[Case] = []
+    shared: list[str] = []
+    for name in dialects:
+        profile = bench_dialects.profile(name)
+        own = profile.plans()
+        wanted = [*SCENARIOS, *own] if scenario == "all" else [scenario]
+        for each in wanted:
+            if each in profile.shared:
+                shared.append(each)
+                planned = PLANS[each](options)
+            elif each in own:
+                planned = own[each](options)
+            else:
+                continue
+            for case in planned:
+                case.dialect = name
+            cases += planned
+    for each in dict.fromkeys(shared):
+        cases += PLANS[each](options)
+    if not cases:
+        raise SystemExit(f"router bench: no dialect of {', '.join(dialects)} runs {scenario!r}")
+    return cases
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         procs=args.procs, pairs=args.pairs, p2p_messages=args.p2p_messages, rate=args.rate,
         latency_seconds=args.latency_seconds, latency_subscribers=args.latency_subscribers,
         connections=args.connections, churn_seconds=args.churn_seconds, timeout=args.timeout, idle_s=args.idle)
-    scenarios = SCENARIOS if args.scenario == "all" else (args.scenario,)
-    cases = [case for scenario in scenarios for case in PLANS[scenario](options)]
+    if args.nodes and _dialects(args) != ["signal"]:
+        raise SystemExit("router bench: --nodes measures Signal Hub only")
+    cases = plan_cases(args.scenario, _dialects(args), options)
 
     def progress(message: str) -> None:
         print(f"bench: {message}", flush=True)
@@ -107,14 +155,18 @@ def run(args: argparse.Namespace) -> int:
         except Unavailable as reason:
             skipped[system.name] = str(reason)
             progress(f"skipping {system.name}: {reason}")
-    order = {(case.scenario, case.case): index for index, case in enumerate(cases)}
-    rows.sort(key=lambda row: order[(row["scenario"], row["case"])])
+    order: dict[tuple[str, str], int] = {}
+    for index, case in enumerate(cases):  # every system's row of a case together, baselines first
+        order.setdefault((case.scenario, case.case), index)
+    rank = {"-": -1, **{name: index for index, name in enumerate(bench_dialects.NAMES)}}
+    rows.sort(key=lambda row: (order[(row["scenario"], row["case"])], rank[row["dialect"]]))
     add_ratios(rows)
     print()
     print(format_table(rows))
     for name, reason in skipped.items():
         print(f"\n{name}: skipped: {reason}")
-    out = Path(args.out or f"benchmarks/results/bench-{args.scenario}.json")
+    suffix = "" if _dialects(args) == ["signal"] else "-" + "-".join(_dialects(args))
+    out = Path(args.out or f"benchmarks/results/bench-{args.scenario}{suffix}.json")
     write_json(out, document(args.scenario, {**vars(options), "argv": {k: v for k, v in vars(args).items()
                                                                       if k != "func"}},
                              described, rows, skipped))

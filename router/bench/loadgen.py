@@ -4,12 +4,14 @@ Each worker runs in its own process (multiprocessing ``spawn``) on uvloop, sets 
 connections, reports ``ready``, waits for ``go``, runs bounded in count and time, and puts one
 result dict on the queue. The same worker code drives every system; a :class:`Dialect` says
 which bytes mean connect, subscribe, publish and send for the router's Signal Hub, the ``raw``
-websockets server (``benchmarks/raw_server.py``) and Redis.
+websockets server (``benchmarks/raw_server.py``) and Redis. The router's other dialects register
+their own (and any roles of their own) from ``router/bench/dialects/<name>.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import time
@@ -31,6 +33,10 @@ class Dialect:
 
     name = ""
     publish_ack_every = 1  # a publish is acknowledged every N messages (the publisher's window)
+    sends_answered = True  # a point-to-point send is answered (its replies counted as acks)
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = config or {}  # what the system made for its clients (``Profile.prepare``)
 
     async def open(self, url: str, tally: Tally | None = None):
         return await open_ws(url, tally)
@@ -61,7 +67,8 @@ class Dialect:
 class SignalDialect(Dialect):
     """The router's Signal Hub: JSON envelopes; a publish is delivered as sent, then acked."""
 
-    name = "router"
+    name = "signal"
+    sends_answered = False  # hub:send has no reply
 
     def _envelope(self, kind: str, sender: str, to: str, payload: dict) -> bytes:
         return json.dumps({"type": kind, "from": sender, "to": to, "payload": payload},
@@ -157,6 +164,14 @@ class RedisDialect(Dialect):
 DIALECTS: dict[str, type[Dialect]] = {"signal": SignalDialect, "raw": RawDialect, "redis": RedisDialect}
 
 
+def dialect_class(name: str) -> type[Dialect]:
+    """The load-generator dialect ``name``; the router's other dialects register theirs when their
+    bench module (``router.bench.dialects.<name>``) is imported."""
+    if name not in DIALECTS:
+        importlib.import_module(f"router.bench.dialects.{name}")
+    return DIALECTS[name]
+
+
 # -- the worker skeleton -----------------------------------------------------------------------
 
 def _run_worker(role, spec: dict[str, Any], ready, go, results) -> None:
@@ -166,7 +181,7 @@ def _run_worker(role, spec: dict[str, Any], ready, go, results) -> None:
         os.sched_setaffinity(0, spec["cpus"])
 
     async def main() -> dict[str, Any]:
-        dialect = DIALECTS[spec["dialect"]]()
+        dialect = dialect_class(spec["dialect"])(spec.get("config"))
         state = await role.setup(dialect, spec)
         ready.put(spec["worker"])
         loop = asyncio.get_running_loop()
@@ -279,9 +294,9 @@ async def _publish(dialect: Dialect, client, entry: dict[str, Any], spec: dict[s
             if sent % 64 == 0:
                 await client.drain()
                 # Replies to read (raw's pongs, Redis's counts): keep a window as publishers do.
-                if (dialect.name == "redis" or sync is not None) and sent - client.acks * every >= spec["window"]:
+                if (dialect.sends_answered or sync is not None) and sent - client.acks * every >= spec["window"]:
                     await client.wait_acks((sent - spec["window"] // 2) // every)
-        await _settle(dialect, client, messages, acknowledged=dialect.name != "router")
+        await _settle(dialect, client, messages, acknowledged=dialect.sends_answered)
         return messages
     topics = entry["topics"]
     if spec.get("rate"):
@@ -390,8 +405,9 @@ class Churn:
         pass
 
 
-ROLES = {"subscribers": Subscribers, "publishers": Publishers, "idle": Idle, "churn": Churn}
+ROLES: dict[str, Any] = {"subscribers": Subscribers, "publishers": Publishers, "idle": Idle, "churn": Churn}
 
 
 def worker(role_name: str, spec: dict[str, Any], ready, go, results) -> None:
+    dialect_class(spec["dialect"])  # a dialect's own roles are registered with it
     _run_worker(ROLES[role_name], spec, ready, go, results)

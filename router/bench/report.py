@@ -53,11 +53,18 @@ def cpu_percent(cpu_seconds: float, wall_seconds: float) -> float:
 
 
 def add_ratios(rows: list[dict[str, Any]], baseline: str = "raw") -> list[dict[str, Any]]:
-    """Each row's value over the baseline's in the same scenario and case (``None`` without one)."""
+    """Each row's value over the baseline's in the same scenario and case (``None`` without one);
+    and a router dialect's row over the same router's Signal Hub row of its ``compare`` case
+    (``ratio_to_signal``: how far a dialect is behind the core)."""
     reference = {(r["scenario"], r["case"]): r["value"] for r in rows if r["system"] == baseline and r.get("value")}
+    signal = {(r["scenario"], r["case"], r["system"]): r["value"] for r in rows
+              if r.get("dialect") == "signal" and r.get("value")}
     for row in rows:
         base = reference.get((row["scenario"], row["case"]))
         row["ratio_to_raw"] = round(row["value"] / base, 3) if base and row.get("value") is not None else None
+        if row.get("dialect") not in (None, "-", "signal"):
+            core = signal.get((row["scenario"], row.get("compare") or row["case"], row["system"]))
+            row["ratio_to_signal"] = round(row["value"] / core, 3) if core and row.get("value") is not None else None
     return rows
 
 
@@ -71,20 +78,20 @@ def _number(value: Any) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The terminal table: one line per scenario, case and system."""
-    header = ("scenario", "case", "system", "metric", "value", "x raw", "server CPU", "shards CPU", "loadgen CPU", "notes")
+    header = ("scenario", "case", "dialect", "system", "metric", "value", "x raw", "x signal", "server CPU",
+              "shards CPU", "loadgen CPU", "notes")
     lines = [header]
     for row in rows:
-        ratio = row.get("ratio_to_raw")
         lines.append((
-            row["scenario"], row["case"], row["system"], row["metric"], _number(row.get("value")),
-            "-" if ratio is None else f"{ratio:.2f}",
+            row["scenario"], row["case"], row.get("dialect", "-"), row["system"], row["metric"],
+            _number(row.get("value")), _ratio(row.get("ratio_to_raw")), _ratio(row.get("ratio_to_signal")),
             _percent(row.get("server_cpu_pct")), _percent(row.get("shards_cpu_pct")), _percent(row.get("loadgen_cpu_pct")),
             row.get("notes", ""),
         ))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = []
     for index, line in enumerate(lines):
-        cells = [str(cell).ljust(width) if i < 4 or i == len(header) - 1 else str(cell).rjust(width)
+        cells = [str(cell).ljust(width) if i < 5 or i == len(header) - 1 else str(cell).rjust(width)
                  for i, (cell, width) in enumerate(zip(line, widths))]
         out.append("  ".join(cells).rstrip())
         if index == 0:
@@ -96,14 +103,20 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The same rows as a Markdown table (for the README)."""
-    out = ["| scenario | case | system | metric | value | × raw | server CPU | shards CPU | loadgen CPU | notes |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    out = ["| scenario | case | dialect | system | metric | value | × raw | × signal | server CPU | shards CPU "
+           "| loadgen CPU | notes |",
+           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
-        ratio = row.get("ratio_to_raw")
-        out.append(f"| {row['scenario']} | {row['case']} | {row['system']} | {row['metric']} | {_number(row.get('value'))} "
-                   f"| {'-' if ratio is None else f'{ratio:.2f}'} | {_percent(row.get('server_cpu_pct'))} "
+        out.append(f"| {row['scenario']} | {row['case']} | {row.get('dialect', '-')} | {row['system']} "
+                   f"| {row['metric']} | {_number(row.get('value'))} "
+                   f"| {_ratio(row.get('ratio_to_raw'))} | {_ratio(row.get('ratio_to_signal'))} "
+                   f"| {_percent(row.get('server_cpu_pct'))} "
                    f"| {_percent(row.get('shards_cpu_pct'))} | {_percent(row.get('loadgen_cpu_pct'))} "
                    f"| {row.get('notes', '')} |")
     return "\n".join(out)
@@ -134,16 +147,21 @@ def write_json(path: Path, content: Any) -> None:
     path.write_text(json.dumps(content, indent=2, default=str))
 
 
+def _label(row: dict[str, Any]) -> str:
+    dialect = row.get("dialect", "-")
+    return row["system"] if dialect in ("-", "signal") else f"{row['system']} ({dialect})"
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """One bar group per scenario/case, a bar per system; the value over raw's (raw = 1)."""
+    """One bar group per scenario/case, a bar per system (and dialect); the value over raw's (raw = 1)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cases = list(dict.fromkeys((r["scenario"], r["case"]) for r in rows))
-    systems = list(dict.fromkeys(r["system"] for r in rows))
-    values = {(r["scenario"], r["case"], r["system"]): r.get("ratio_to_raw") for r in rows}
+    systems = list(dict.fromkeys(_label(r) for r in rows))
+    values = {(r["scenario"], r["case"], _label(r)): r.get("ratio_to_raw") for r in rows}
     width = 0.8 / max(1, len(systems))
     figure, axes = plt.subplots(figsize=(max(6, 1.4 * len(cases)), 4))
     for index, system in enumerate(systems):

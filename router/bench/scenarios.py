@@ -3,6 +3,10 @@
 A scenario is a list of :class:`Case`; each case builds worker jobs for a system's URLs and turns
 the workers' results (and the server processes' CPU and memory) into one row. Systems run one at a
 time (start, every case, stop) so a baseline never shares the machine with Ray.
+
+The shared scenarios (``SCENARIOS``) are planned once per dialect that runs them and once for the
+baselines (``dialect`` None); a dialect's own scenarios come from its profile
+(``router/bench/dialects/``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class Case:
     jobs: Callable[[System], list[tuple[str, dict[str, Any]]]]
     summarise: Callable[[System, list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
     memory: bool = False  # measure the servers' RSS before the workers start and once they are ready
+    dialect: str | None = None  # the router dialect it measures; None: a shared case, baselines run it too
+    compare: str | None = None  # the Signal Hub case its figure is set against (default: the same case)
 
 
 def _split(items: list, parts: int) -> list[list]:
@@ -272,6 +278,11 @@ def _busy_window(results: list[dict[str, Any]], started: float, ended: float) ->
     return started, ended
 
 
+def _identity(system: System, case: Case) -> dict[str, Any]:
+    return {"scenario": case.scenario, "case": case.case, "dialect": case.dialect or "-", "system": system.name,
+            "metric": case.metric, **({"compare": case.compare} if case.compare else {})}
+
+
 def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int] | None) -> dict[str, Any]:
     """Start the case's workers, wait until all are set up, measure while they run, summarise."""
     ctx = mp.get_context("spawn")
@@ -280,7 +291,8 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
     workers = []
     rss_before = {role: rss_bytes(group) for role, group in processes.items()} if case.memory else None
     for index, (role, spec) in enumerate(case.jobs(system)):
-        spec = {**spec, "worker": index, "dialect": system.dialect, "ready_timeout": options.timeout,
+        spec = {**spec, "worker": index, "dialect": system.dialect, "config": system.client_config(),
+                "ready_timeout": options.timeout,
                 "timeout": options.timeout, "idle_s": options.idle_s, "cpus": loadgen_cpus}
         process = ctx.Process(target=loadgen.worker, args=(role, spec, ready, go, results), daemon=True)
         process.start()
@@ -292,8 +304,8 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
             for _ in workers:
                 ready.get(timeout=max(1, deadline - time.monotonic()))
         except queue.Empty:
-            return {"scenario": case.scenario, "case": case.case, "system": system.name, "metric": case.metric,
-                    "value": None, "notes": f"load generators not set up in {options.timeout:.0f} s"}
+            return {**_identity(system, case), "value": None,
+                    "notes": f"load generators not set up in {options.timeout:.0f} s"}
         measured: dict[str, Any] = {}
         if case.memory:
             time.sleep(1.0)  # let the servers finish the last set-ups
@@ -320,7 +332,7 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
                 process.kill()
                 process.join(5)
     errors = [r["error"] for r in collected if "error" in r]
-    row: dict[str, Any] = {"scenario": case.scenario, "case": case.case, "system": system.name, "metric": case.metric}
+    row: dict[str, Any] = _identity(system, case)
     if len(collected) < len(workers) or errors:
         row.update(value=None, notes="; ".join(errors[:2]) or f"{len(workers) - len(collected)} workers timed out")
         return row
@@ -341,7 +353,10 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
 
 
 def run_system(system: System, cases: list[Case], options: Options, progress: Callable[[str], None]) -> list[dict]:
-    """Start ``system``, run every case against it, stop it."""
+    """Start ``system``, run every case it accepts against it, stop it."""
+    cases = [case for case in cases if system.accepts(case)]
+    if not cases:
+        return []
     system.start()
     # A pinned single-process server gets one core; the load generators get the others.
     pinned = getattr(system, "cpu", None)
@@ -355,9 +370,10 @@ def run_system(system: System, cases: list[Case], options: Options, progress: Ca
                 system.stop()
                 system.start()
             system.settle()
-            progress(f"{case.scenario} {case.case}: {system.name} ...")
+            label = f"{case.scenario} {case.case}: {system.name}" + (f" ({case.dialect})" if case.dialect else "")
+            progress(f"{label} ...")
             row = run_case(system, case, options, loadgen_cpus)
-            progress(f"{case.scenario} {case.case}: {system.name}: {row.get('value')} {case.metric}"
+            progress(f"{label}: {row.get('value')} {case.metric}"
                      f"{'  (' + row['notes'] + ')' if row.get('notes') else ''}")
             rows.append(row)
     finally:

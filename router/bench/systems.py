@@ -27,7 +27,16 @@ class Unavailable(Exception):
 
 class System:
     name = ""
-    dialect = ""
+    dialect = ""  # the load generators' dialect (``router.bench.loadgen.dialect_class``)
+
+    def accepts(self, case: Any) -> bool:
+        """Whether ``case`` runs on this system: a baseline runs the shared scenarios (a case of no
+        dialect), a router the cases of its own dialect."""
+        return case.dialect is None
+
+    def client_config(self) -> dict[str, Any]:
+        """What the load generators need of this system (``spec["config"]``)."""
+        return {}
 
     def start(self) -> None:
         raise NotImplementedError
@@ -146,34 +155,47 @@ class RedisSystem(_Subprocess):
 
 
 class RouterSystem(System):
-    """The router, embedded in this process the way ``router serve`` starts it; Signal Hub."""
-
-    dialect = "signal"
+    """The router, embedded in this process the way ``router serve`` starts it, measured through
+    one dialect (its :class:`router.bench.dialects.Profile`)."""
 
     def __init__(self, gateways: int = 1, shards: int | None = None, eventlog: bool = True,
-                 name: str = "router") -> None:
+                 name: str = "router", dialect: str = "signal") -> None:
         self.gateways, self.shards, self.eventlog, self.name = gateways, shards, eventlog, name
+        self.dialect = dialect
         self.router = None
+        self.config: dict[str, Any] = {}
+
+    def accepts(self, case: Any) -> bool:
+        return case.dialect == self.dialect
+
+    def client_config(self) -> dict[str, Any]:
+        return self.config
 
     def start(self) -> None:
         import ray
 
-        from router.settings import load_settings
+        from router.bench.dialects import profile
         from router.runtime import Router
+        from router.settings import load_settings
 
+        dialect = profile(self.dialect)
         self.data_dir = tempfile.mkdtemp(prefix="router-bench-")
-        overrides: dict[str, Any] = {}
+        overrides: dict[str, Any] = dialect.settings()
         if self.shards:
             overrides["shards"] = {"session": self.shards, "topic": self.shards, "registry": self.shards}
         settings = load_settings(
             port=0, gateways=self.gateways, namespace=f"bench-{os.getpid()}", ray_dashboard=False,
-            data_dir=self.data_dir, analytics={"enabled": self.eventlog}, signal={"rate_limit_per_minute": 1e12},
-            **overrides)
+            data_dir=self.data_dir, analytics={"enabled": self.eventlog}, **overrides)
         self.settings = settings
+        self.config = dialect.prepare(settings)
         self.router = Router(settings)
         endpoints = self.router.start()
-        self._urls = [f"ws://127.0.0.1:{listener['port']}/signal" for gateway in endpoints
-                      for listener in gateway["listeners"]]
+        self._urls = [f"ws://127.0.0.1:{listener['port']}{listener['websocket'][self.dialect]}"
+                      for gateway in endpoints for listener in gateway["listeners"]
+                      if self.dialect in listener["websocket"]]
+        self._http = [f"http://127.0.0.1:{listener['port']}" for gateway in endpoints
+                      for listener in gateway["listeners"] if self.dialect in listener["websocket"]]
+        self.config = {**self.config, "http": self._http}
         self.gateway_pids = [ray.get(record.actor.stats.remote())["pid"] for record in self.router.gateways]
         self.shard_pids = [info["pid"] for info in ray.get(
             [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
@@ -207,7 +229,7 @@ class RouterSystem(System):
 
     def describe(self) -> dict[str, Any]:
         shards = self.settings.shards
-        return {"system": self.name, "gateways": self.gateways, "eventlog": self.eventlog,
+        return {"system": self.name, "dialect": self.dialect, "gateways": self.gateways, "eventlog": self.eventlog,
                 "shards": {"session": shards.session, "topic": shards.topic, "registry": shards.registry}}
 
 
@@ -223,6 +245,9 @@ class ClusterRouterSystem(System):
         self.nodes, self.shards, self.eventlog = nodes, shards, eventlog
         self.name = name or f"router {nodes} node{'s' if nodes > 1 else ''}"
         self.cluster = None
+
+    def accepts(self, case: Any) -> bool:
+        return case.dialect == "signal"
 
     def start(self) -> None:
         from router.localcluster import LocalCluster, session_processes

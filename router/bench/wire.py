@@ -9,7 +9,9 @@ A connection is in one of three modes:
 - ``control``: every data frame is kept, for the set-up exchanges (connect, subscribe);
 - ``count``: data frames are only counted (into a shared :class:`Tally`);
 - ``latency``: like ``count``, and each frame's ``@<19 digits>`` send time (``time.monotonic_ns``,
-  shared by all processes of the machine) is recorded in the tally's histogram.
+  shared by all processes of the machine) is recorded in the tally's histogram;
+- ``handle``: each data frame's payload goes to the connection's ``handler`` (a dialect's receiver
+  that must answer, e.g. acknowledge, or read what it counts), which returns how many to count.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import struct
 import time
 from typing import Any
 
-CONTROL, COUNT, LATENCY = "control", "count", "latency"
+CONTROL, COUNT, LATENCY, HANDLE = "control", "count", "latency", "handle"
 STAMP = b"@"
 STAMP_DIGITS = 19
 ZERO_MASK = b"\x00\x00\x00\x00"
@@ -215,6 +217,7 @@ class WsClient(_Stream):
         self.upgraded = asyncio.get_running_loop().create_future()
         self.buffer = bytearray()
         self._open = False
+        self.handler: Any = None  # HANDLE mode: payload bytes -> frames to count
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -248,8 +251,12 @@ class WsClient(_Stream):
             data_frames = 0
             latencies = self.tally.latencies if mode == LATENCY else None
             now_ns = time.monotonic_ns()
+            handler = self.handler if mode == HANDLE else None
             for opcode, start, end in frames:
                 if opcode == 0x1 or opcode == 0x2:
+                    if handler is not None:
+                        data_frames += handler(bytes(buffer[start:end]))
+                        continue
                     data_frames += 1
                     if mode == CONTROL:
                         self.inbox.append(bytes(buffer[start:end]))

@@ -54,6 +54,20 @@ def test_ratios_are_to_raw_in_the_same_scenario_and_case():
     assert [row["ratio_to_raw"] for row in rows] == [1.0, 0.75, None, None]
 
 
+def test_a_dialect_is_set_against_signal_hub_on_the_same_router_and_its_compare_case():
+    rows = [{"scenario": "fanout", "case": "S=100", "dialect": "-", "system": "raw", "value": 1_000_000},
+            {"scenario": "fanout", "case": "S=100", "dialect": "signal", "system": "router", "value": 2_000_000},
+            {"scenario": "fanout", "case": "S=100", "dialect": "signal", "system": "router g2/s2", "value": 4_000_000},
+            {"scenario": "fanout", "case": "S=100", "dialect": "nolag", "system": "router", "value": 1_500_000},
+            {"scenario": "fanout", "case": "S=100 QoS 1", "dialect": "nolag", "system": "router",
+             "compare": "S=100", "value": 1_000_000},
+            {"scenario": "ingest", "case": "100 consumers", "dialect": "mx", "system": "router", "value": 20_000}]
+    add_ratios(rows)
+    assert [row.get("ratio_to_signal") for row in rows] == [None, None, None, 0.75, 0.5, None]
+    assert [row["ratio_to_raw"] for row in rows] == [1.0, 2.0, 4.0, 1.5, None, None]
+    assert "0.75" in format_table([{**row, "metric": "deliveries/s"} for row in rows]).splitlines()[5]
+
+
 def test_cpu_percent():
     assert cpu_percent(1.5, 2.0) == 75.0
     assert cpu_percent(1.0, 0) == 0.0
@@ -65,11 +79,11 @@ def test_table_and_markdown_show_every_row(tmp_path):
                        {"scenario": "fanout", "case": "S=1", "system": "router", "metric": "deliveries/s",
                         "value": 30_000, "server_cpu_pct": 100.0, "shards_cpu_pct": 40.0, "notes": "x"}])
     table = format_table(rows).splitlines()
-    assert table[0].split()[:3] == ["scenario", "case", "system"]
+    assert table[0].split()[:4] == ["scenario", "case", "dialect", "system"]
     assert "75,000" in table[2] and "100%" in table[2]
     assert "0.40" in table[3] and "40%" in table[3]
     markdown = markdown_table(rows).splitlines()
-    assert len(markdown) == 4 and markdown[3].startswith("| fanout | S=1 | router |")
+    assert len(markdown) == 4 and markdown[3].startswith("| fanout | S=1 | - | router |")
     write_json(tmp_path / "r" / "out.json", {"results": rows})
     assert json.loads((tmp_path / "r" / "out.json").read_text())["results"][1]["ratio_to_raw"] == 0.4
 
@@ -126,3 +140,26 @@ def test_resp_replies_are_counted_across_chunk_boundaries():
         return subscriber.tally.count, publisher.acks
 
     assert asyncio.run(main()) == (3, 3)
+
+
+def test_shared_cases_are_planned_per_dialect_and_once_for_the_baselines():
+    from router.bench import plan_cases
+    from router.bench.scenarios import Options
+
+    options = Options(subscribers=[1, 100])
+    cases = plan_cases("fanout", ["signal"], options)
+    assert [(case.dialect, case.case) for case in cases] == [
+        ("signal", "S=1"), ("signal", "S=100"), (None, "S=1"), (None, "S=100")]
+    with pytest.raises(SystemExit, match="runs 'p2p'"):
+        plan_cases("p2p", [], options)
+
+
+def test_a_baseline_runs_the_shared_cases_and_a_router_its_dialect_s():
+    from router.bench.scenarios import Case
+    from router.bench.systems import RawSystem, RouterSystem
+
+    shared, own = Case("fanout", "S=1", "deliveries/s", None, None), Case("fanout", "S=1", "deliveries/s", None, None,
+                                                                          dialect="signal")
+    assert RawSystem(None).accepts(shared) and not RawSystem(None).accepts(own)
+    assert RouterSystem(dialect="signal").accepts(own) and not RouterSystem(dialect="nolag").accepts(own)
+    assert not RouterSystem(dialect="signal").accepts(shared)
