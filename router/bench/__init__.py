@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-subscribers", type=int, default=100)
     parser.add_argument("--connections", type=int, default=10_000, help="connections: idle connections to open")
     parser.add_argument("--churn-seconds", type=float, default=5.0)
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dialect scenario's own parameter, e.g. baqend.queries=1000,10000 "
+                             "(each dialect's module in router/bench/dialects/ lists its own)")
     parser.add_argument("--procs", type=int, default=2, help="load-generator processes per role")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a case may take")
     parser.add_argument("--idle", type=float, default=5.0, help="a receiver stops after this long without a frame")
@@ -100,6 +103,16 @@ def _systems(args: argparse.Namespace) -> list[System]:
     return systems
 
 
+def _params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"router bench: --param {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def _dialects(args: argparse.Namespace) -> list[str]:
     wanted = [name.strip() for name in args.dialect.split(",") if name.strip()]
     return list(bench_dialects.NAMES) if "all" in wanted else wanted
@@ -137,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         subscribers=args.subscribers, deliveries=args.deliveries, messages_s1=args.messages_s1, window=args.window,
         procs=args.procs, pairs=args.pairs, p2p_messages=args.p2p_messages, rate=args.rate,
         latency_seconds=args.latency_seconds, latency_subscribers=args.latency_subscribers,
-        connections=args.connections, churn_seconds=args.churn_seconds, timeout=args.timeout, idle_s=args.idle)
+        connections=args.connections, churn_seconds=args.churn_seconds, timeout=args.timeout, idle_s=args.idle,
+        params=_params(args.param))
     if args.nodes and _dialects(args) != ["signal"]:
         raise SystemExit("router bench: --nodes measures Signal Hub only")
     cases = plan_cases(args.scenario, _dialects(args), options)

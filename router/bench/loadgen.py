@@ -35,8 +35,9 @@ class Dialect:
     publish_ack_every = 1  # a publish is acknowledged every N messages (the publisher's window)
     sends_answered = True  # a point-to-point send is answered (its replies counted as acks)
 
-    def __init__(self, config: dict[str, Any] | None = None) -> None:
-        self.config = config or {}  # what the system made for its clients (``Profile.prepare``)
+    def __init__(self, config: dict[str, Any] | None = None, spec: dict[str, Any] | None = None) -> None:
+        self.config = config or {}  # what the system made for its clients (``Profile.prepare``, URLs)
+        self.spec = spec or {}  # the worker's job (a case may say more than the shared fields)
 
     async def open(self, url: str, tally: Tally | None = None):
         return await open_ws(url, tally)
@@ -181,7 +182,7 @@ def _run_worker(role, spec: dict[str, Any], ready, go, results) -> None:
         os.sched_setaffinity(0, spec["cpus"])
 
     async def main() -> dict[str, Any]:
-        dialect = dialect_class(spec["dialect"])(spec.get("config"))
+        dialect = dialect_class(spec["dialect"])(spec.get("config"), spec)
         state = await role.setup(dialect, spec)
         ready.put(spec["worker"])
         loop = asyncio.get_running_loop()

@@ -48,6 +48,14 @@ class Options:
     churn_concurrency: int = 25
     timeout: float = 120.0
     idle_s: float = 5.0  # a receiver gives up after this long without a frame
+    params: dict[str, str] = field(default_factory=dict)  # dialect scenarios' own (``--param dialect.key=value``)
+
+    def param(self, key: str, default: Any, kind: Callable[[str], Any] = int) -> Any:
+        """``--param key=value`` as ``kind`` (a comma-separated value gives a list), else ``default``."""
+        if key not in self.params:
+            return default
+        parts = [kind(part) for part in self.params[key].split(",") if part.strip()]
+        return parts if "," in self.params[key] else parts[0]
 
 
 @dataclass

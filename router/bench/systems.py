@@ -195,7 +195,7 @@ class RouterSystem(System):
                       if self.dialect in listener["websocket"]]
         self._http = [f"http://127.0.0.1:{listener['port']}" for gateway in endpoints
                       for listener in gateway["listeners"] if self.dialect in listener["websocket"]]
-        self.config = {**self.config, "http": self._http}
+        self.config = {**self.config, "http": self._http, "endpoints": endpoints}
         self.gateway_pids = [ray.get(record.actor.stats.remote())["pid"] for record in self.router.gateways]
         self.shard_pids = [info["pid"] for info in ray.get(
             [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
