@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialect", default="signal",
                         help=f"comma-separated router dialects to measure: {', '.join(bench_dialects.NAMES)}, "
                              "or all (default signal)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS),
-                        help="comma-separated: raw, redis, router (default all three)")
+    parser.add_argument("--systems", default=None,
+                        help="comma-separated: raw, redis, router, and a dialect's own peers (cashu: nutshell); "
+                             "default: all of them")
     parser.add_argument("--subscribers", type=_ints, default=[1, 100, 1000], help="fanout: S values (default 1,100,1000)")
     parser.add_argument("--deliveries", type=int, default=1_000_000, help="fanout S>1 and topics: deliveries per case")
     parser.add_argument("--messages-s1", type=int, default=200_000, help="fanout S=1: messages")
@@ -78,19 +79,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _systems(args: argparse.Namespace) -> list[System]:
-    wanted = [name.strip() for name in args.systems.split(",") if name.strip()]
-    unknown = set(wanted) - set(SYSTEMS)
-    if unknown:
-        raise SystemExit(f"router bench: unknown system(s) {sorted(unknown)}; choose from {SYSTEMS}")
     pin = None if args.pin < 0 else args.pin
+    peers = {system.name: system for name in _dialects(args) for system in bench_dialects.profile(name).peers(pin)}
+    known = (*SYSTEMS[:-1], *peers, SYSTEMS[-1])
+    wanted = [name.strip() for name in (args.systems or ",".join(known)).split(",") if name.strip()]
+    unknown = set(wanted) - set(known)
+    if unknown:
+        raise SystemExit(f"router bench: unknown system(s) {sorted(unknown)}; choose from {known}")
     systems: list[System] = []
-    for name in SYSTEMS:  # baselines first: they never share the machine with Ray
+    for name in known:  # baselines first: they never share the machine with Ray
         if name not in wanted:
             continue
         if name == "raw":
             systems.append(RawSystem(pin))
         elif name == "redis":
             systems.append(RedisSystem(pin))
+        elif name in peers:
+            systems.append(peers[name])
         elif args.nodes:
             systems += [ClusterRouterSystem(n, args.shards, args.eventlog == "on") for n in args.nodes]
         else:
@@ -126,7 +131,7 @@ def plan_cases(scenario: str, dialects: list[str], options: Options) -> list[Cas
     for name in dialects:
         profile = bench_dialects.profile(name)
         own = profile.plans()
-        wanted = [*SCENARIOS, *own] if scenario == "all" else [scenario]
+        wanted = list(dict.fromkeys([*SCENARIOS, *own])) if scenario == "all" else [scenario]
         for each in wanted:
             if each in profile.shared:
                 shared.append(each)

@@ -35,6 +35,11 @@ class Profile:
         """The dialect's own scenarios: name → ``plan(options) -> list[Case]``."""
         return {}
 
+    def peers(self, pin: int | None) -> list[Any]:
+        """Other servers a user of this dialect would pick instead (``router.bench.systems.System``;
+        each ``accepts`` the cases it can run), measured in the same run; ``pin``: their CPU."""
+        return []
+
 
 _PROFILES: dict[str, Profile] = {}
 
