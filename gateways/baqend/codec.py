@@ -21,7 +21,7 @@ from actors.baqend.documents import check_nesting
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
 from router.errors import CommandError
-from router.nesting import MAX_NESTING, too_deep
+from router.nesting import MAX_NESTING, json_may_nest_deeper, too_deep
 from router.ratelimit import TokenBucket
 
 MAX_ID_LENGTH = 256
@@ -69,7 +69,7 @@ def decode(data: bytes) -> Subscribe | Unsubscribe:
     sub_id = message.get("id")
     if not isinstance(sub_id, str) or not sub_id or len(sub_id) > MAX_ID_LENGTH:
         raise ProtocolError(f"Invalid message: id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-    if too_deep(message) or any(_too_deep_json(message.get(field)) for field in ("query", "sort")):
+    if json_may_nest_deeper(data) and too_deep(message) or any(_too_deep_json(message.get(field)) for field in ("query", "sort")):
         # Before the query is compiled (recursively) or anything is pickled to a shard.
         raise ProtocolError(f"Invalid message: a message may nest at most {MAX_NESTING} levels", sub_id=sub_id)
     kind = message.get("type")

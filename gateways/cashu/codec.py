@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from router.nesting import MAX_NESTING, too_deep
+from router.nesting import MAX_NESTING, json_may_nest_deeper, too_deep
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -87,7 +87,7 @@ def decode(data: bytes, limits: Limits) -> Request:
         raise RpcError(INVALID_REQUEST, "Invalid Request: batch requests are not supported")
     if not isinstance(message, dict):
         raise RpcError(INVALID_REQUEST, "Invalid Request: expected a JSON object")
-    if too_deep(message):
+    if json_may_nest_deeper(data) and too_deep(message):
         raise RpcError(INVALID_REQUEST, f"Invalid Request: nested deeper than {MAX_NESTING} levels")
     request_id = message.get("id")
     if not _is_id(request_id):

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from router.nesting import MAX_NESTING, too_deep
+from router.nesting import MAX_NESTING, json_may_nest_deeper, too_deep
 
 ADDRESS_RE = re.compile(r"[a-z0-9-]+/[a-z0-9-]+")
 
@@ -127,7 +127,7 @@ def decode(data: bytes) -> Request:
     elif not isinstance(payload, dict):
         raise SignalError(INTERNAL_ERROR, "'payload' must be a JSON object",
                           {"reason": "invalid_message", "field": "payload"}, reply_id, sender)
-    if too_deep(message):  # the whole envelope: messages are relayed as they were sent
+    if json_may_nest_deeper(data) and too_deep(message):  # the whole envelope: messages are relayed as they were sent
         raise SignalError(INTERNAL_ERROR, f"A message may nest at most {MAX_NESTING} levels",
                           {"reason": "too_deep"}, reply_id, sender)
     timestamp = message.get("timestamp")

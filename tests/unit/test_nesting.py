@@ -13,7 +13,7 @@ from gateways.cashu import codec as cashu
 from gateways.cashu.config import CASHU_KINDS
 from gateways.nolag import codec as nolag
 from gateways.signal import codec as signal
-from router.nesting import MAX_NESTING, too_deep
+from router.nesting import MAX_NESTING, json_may_nest_deeper, too_deep
 
 
 def nested(levels: int) -> list:
@@ -30,6 +30,15 @@ def test_too_deep_counts_dicts_and_lists_from_the_top():
     assert not too_deep({"a": nested(31)}) and too_deep({"a": nested(32)})
     assert not too_deep("x" * 10) and not too_deep({}) and not too_deep([1, "a", None])
     assert too_deep(nested(100_000))  # iterative: no recursion to exhaust
+
+
+def test_json_with_few_brackets_cannot_nest_too_deep_so_the_walk_is_skipped():
+    text = json.dumps(nested(32))
+    assert not json_may_nest_deeper(text) and not json_may_nest_deeper(text.encode())
+    deeper = json.dumps(nested(33))
+    assert json_may_nest_deeper(deeper) and json_may_nest_deeper(deeper.encode())
+    # Brackets inside strings only overcount: the walk then runs and decides.
+    assert json_may_nest_deeper(json.dumps({"s": "{[" * 20})) and not too_deep({"s": "{[" * 20})
 
 
 def test_signal_refuses_a_message_nested_too_deep():
