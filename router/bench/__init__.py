@@ -71,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=_ints, default=None,
                         help="the router on a local Ray cluster of N nodes, a router per node, e.g. 1,2,3 "
                              "(router/localcluster.py; clients spread over every node's gateway)")
-    parser.add_argument("--eventlog", choices=("on", "off"), default="on", help="the router's event log (default on)")
+    parser.add_argument("--eventlog", choices=("on", "off", "compare"), default="on",
+                        help="the router's event log (default on); compare: each router once with it, once "
+                             "without (what the log costs)")
     parser.add_argument("--pin", type=int, default=0, help="CPU the raw and redis servers are pinned to (-1: none)")
     parser.add_argument("--out", help="JSON file (default benchmarks/results/bench-<scenario>.json)")
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
@@ -97,15 +99,23 @@ def _systems(args: argparse.Namespace) -> list[System]:
         elif name in peers:
             systems.append(peers[name])
         elif args.nodes:
-            systems += [ClusterRouterSystem(n, args.shards, args.eventlog == "on") for n in args.nodes]
+            systems += [ClusterRouterSystem(n, args.shards, log, f"router {n} node{'s' if n > 1 else ''}{suffix}")
+                        for n in args.nodes for log, suffix in _logs(args)]
         else:
             for dialect in _dialects(args):
-                if args.scale:
-                    systems += [RouterSystem(n, n, args.eventlog == "on", f"router g{n}/s{n}", dialect)
-                                for n in args.scale]
-                else:
-                    systems.append(RouterSystem(args.gateways, args.shards, args.eventlog == "on", "router", dialect))
+                for log, suffix in _logs(args):
+                    if args.scale:
+                        systems += [RouterSystem(n, n, log, f"router g{n}/s{n}{suffix}", dialect) for n in args.scale]
+                    else:
+                        systems.append(RouterSystem(args.gateways, args.shards, log, f"router{suffix}", dialect))
     return systems
+
+
+def _logs(args: argparse.Namespace) -> list[tuple[bool, str]]:
+    """(event log on, name suffix) of each router to run."""
+    if args.eventlog == "compare":
+        return [(True, ""), (False, " no log")]
+    return [(args.eventlog == "on", "")]
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
