@@ -40,7 +40,8 @@ def _own_scenarios() -> dict[str, list[str]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     own = sorted({scenario for names in _own_scenarios().values() for scenario in names} - set(SCENARIOS))
-    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all"))
+    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all", "lanes"),
+                        help="a scenario, all of them, or lanes (what the gateway–shard transport costs)")
     parser.add_argument("--dialect", default="signal",
                         help=f"comma-separated router dialects to measure: {', '.join(bench_dialects.NAMES)}, "
                              "or all (default signal)")
@@ -75,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the router's event log (default on); compare: each router once with it, once "
                              "without (what the log costs)")
     parser.add_argument("--pin", type=int, default=0, help="CPU the raw and redis servers are pinned to (-1: none)")
+    parser.add_argument("--lanes", default="unix,tcp", help="lanes: the kinds measured (unix, tcp)")
+    parser.add_argument("--lane-seconds", type=float, default=3.0, help="lanes: length of the throughput run")
     parser.add_argument("--out", help="JSON file (default benchmarks/results/bench-<scenario>.json)")
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
     parser.add_argument("--plot", help="PNG file: every value over raw's")
@@ -133,6 +136,20 @@ def _dialects(args: argparse.Namespace) -> list[str]:
     return list(bench_dialects.NAMES) if "all" in wanted else wanted
 
 
+def _lanes(args: argparse.Namespace) -> int:
+    from router.bench import lanes
+    from router.bench.report import machine
+
+    kinds = [kind.strip() for kind in args.lanes.split(",") if kind.strip()]
+    if not kinds or not set(kinds) <= {"unix", "tcp"}:
+        raise SystemExit("router bench lanes: --lanes takes unix and/or tcp")
+    rows = lanes.run(kinds, args.lane_seconds)
+    out = Path(args.out or "benchmarks/results/bench-lanes.json")
+    write_json(out, {"scenario": "lanes", "machine": machine(), "results": rows})
+    print(f"results written to {out}")
+    return 0
+
+
 def plan_cases(scenario: str, dialects: list[str], options: Options) -> list[Case]:
     """The cases of ``scenario`` (or ``all``) for each dialect that runs it, then the shared cases
     once more for the baselines (``dialect`` None)."""
@@ -161,6 +178,8 @@ def plan_cases(scenario: str, dialects: list[str], options: Options) -> list[Cas
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scenario == "lanes":
+        return _lanes(args)
     options = Options(
         subscribers=args.subscribers, deliveries=args.deliveries, messages_s1=args.messages_s1, window=args.window,
         procs=args.procs, pairs=args.pairs, p2p_messages=args.p2p_messages, rate=args.rate,

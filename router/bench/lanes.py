@@ -4,24 +4,20 @@ A shard's LaneServer runs in a child process (as in a shard, its own event loop 
 echoes every batch; the parent is the gateway on uvloop. Commands are 100 random bytes each, so
 pickle cannot share them; throughput keeps 4 batches of 100 in flight, like a gateway's link.
 
-    .venv/bin/python benchmarks/lanes.py [unix] [tcp] [--seconds 3]
+    router bench lanes [--lanes unix,tcp] [--lane-seconds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from router import lane  # noqa: E402
-from router.proc import new_event_loop  # noqa: E402
+from router import lane
+from router.proc import new_event_loop
 
 CONNECTS = 20
 ROUND_TRIPS = 3000
@@ -86,27 +82,21 @@ async def _measure(address: tuple, seconds: float) -> dict[str, float]:
             "commands_per_s": answered * BATCH / elapsed}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kinds", nargs="*", default=["unix", "tcp"], help="unix and/or tcp (default: both)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of the throughput run")
-    args = parser.parse_args()
-    if not set(args.kinds) <= {"unix", "tcp"}:
-        parser.error("kinds are unix and tcp")
-    for kind in args.kinds:
+def run(kinds: list[str], seconds: float) -> list[dict[str, Any]]:
+    """Measure each kind of lane (``unix``, ``tcp``) against a LaneServer in a child process."""
+    rows = []
+    for kind in kinds:
         parent, child = mp.Pipe()
         shard = mp.get_context("fork").Process(target=_serve, args=(kind, child), daemon=True)
         shard.start()
         try:
-            result = new_event_loop().run_until_complete(_measure(parent.recv(), args.seconds))
+            result = new_event_loop().run_until_complete(_measure(parent.recv(), seconds))
         finally:
             parent.send("stop")
             shard.join(10)
         print(f"{kind}: open + 1 call {result['connect_ms']:.2f} ms; "
               f"round trip p50 {result['rtt_p50_us']:.0f} µs, p99 {result['rtt_p99_us']:.0f} µs; "
               f"{result['commands_per_s']:,.0f} commands/s "
-              f"({BATCH}-command batches, {IN_FLIGHT} in flight)")
-
-
-if __name__ == "__main__":
-    main()
+              f"({BATCH}-command batches, {IN_FLIGHT} in flight)", flush=True)
+        rows.append({"lane": kind, **{key: round(value, 2) for key, value in result.items()}})
+    return rows

@@ -38,3 +38,15 @@ def test_router_bench_fanout_measures_the_router_and_the_baselines(tmp_path):
     assert "shards_cpu_pct" in rows["router"]
     assert picture.stat().st_size > 0
     assert "fanout" in completed.stdout and "x raw" in completed.stdout
+
+
+def test_router_bench_lanes_measures_both_kinds_of_lane(tmp_path):
+    out = tmp_path / "bench-lanes.json"
+    completed = subprocess.run([ROUTER, "bench", "lanes", "--lane-seconds", "0.3", "--out", str(out)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [row["lane"] for row in rows] == ["unix", "tcp"]
+    for row in rows:
+        assert row["commands_per_s"] > 0 and 0 < row["rtt_p50_us"] <= row["rtt_p99_us"] and row["connect_ms"] > 0, row
+    assert "unix: open + 1 call" in completed.stdout and "tcp: open + 1 call" in completed.stdout

@@ -1,12 +1,468 @@
-"""baqend in ``router bench``."""
+"""Baqend real-time queries in ``router bench``: writes matched against live queries.
+
+A Baqend client holds real-time queries over a WebSocket (``/v1/events``) and writes through the
+REST API; every write is matched against every live query of its bucket and reaches each query it
+changes as a ``match`` event. So the figure that matters is how many writes per second the router
+matches and delivers with many queries live, and whether that holds as queries are added.
+
+Own scenarios:
+
+- ``queries`` (flooded): Q live queries (one case per Q) over ``connections`` connections on one
+  bucket; query *i* is ``{"g": i % groups}`` with ``groups`` = Q / ``matches``, so every write matches
+  ``matches`` queries; the first query of each group (one in ``matches``) is sorted by ``n`` with a
+  limit of 10. Then a writer process (its own keep-alive HTTP/1.1 connections) inserts ``writes``
+  documents, ``inflight`` at a time; write *w* has ``g`` = w % groups and ``n`` = w, so it lands on
+  top of its sorted window: ``add/insert``, and once the window is full also ``remove/none`` for the
+  document pushed out. Every frame is counted (exactly: those removes are known in advance).
+  value = matched writes/s: writes / (first write → last expected event); also events/s, and the
+  CPU each write cost the gateway and each kind of shard (µs per matched write).
+- ``latency`` (paced): ``rate`` writes/s for ``seconds`` with ``latency_queries`` queries, each
+  document carrying its intended send time (``@<19 digits>``); the receivers record write → event for
+  every ``add/insert``. value = p99 ms.
+
+Shared: ``connections`` (no hello) and ``churn`` (a subscribe = a real-time query answered by its
+``result``).
+
+``--param`` keys (defaults): ``baqend.queries`` (1000,10000), ``baqend.connections`` (10),
+``baqend.matches`` (10), ``baqend.writes`` (20000), ``baqend.inflight`` (32: REST requests in
+flight), ``baqend.rest_connections`` (32: the writer's connections; ``inflight`` is pipelined over
+them), ``baqend.rate`` (1000), ``baqend.seconds`` (10), ``baqend.latency_queries`` (1000).
+Shards: 2 document and 2 query shards (the default count; ``ROUTER_SHARDS__DOCUMENT`` and
+``ROUTER_SHARDS__QUERY`` change them), 1 session and 1 topic shard; the other dialects are off.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+from typing import Any
+
+import psutil
+
+from router.bench import loadgen
 from router.bench.dialects import Profile, register
+from router.bench.report import merged_histogram, percentiles_ms
+from router.bench.scenarios import Case, Options, _split, _url
+from router.bench.wire import COUNT, HANDLE, Tally, WsClient, stamp
+
+SORTED_LIMIT = 10  # the window of the sorted queries
+CHURN_BUCKET = "Churn"
+INSERT = b'"operation":"insert"'
+RESULT = b'"type":"result"'
 
 
 class BaqendProfile(Profile):
     name = "baqend"
+    shared = ("connections", "churn")
+
+    def settings(self) -> dict[str, Any]:
+        unlimited = 10**9
+        return {
+            # document and query shards: the default count (2), so ROUTER_SHARDS__* may change them
+            "shards": {"session": 1, "topic": 1},
+            "signal": {"enabled": False}, "cashu": {"enabled": False}, "mx": {"enabled": False},
+            "nolag": {"enabled": False},
+            # Every client is 127.0.0.1: one client to the per-client limits, which a benchmark
+            # would meet long before the router's capacity.
+            "baqend": {"max_subscriptions": unlimited, "max_client_subscriptions": unlimited,
+                       "subscribe_rate_limit_per_minute": 1e12, "subscribe_rate_limit_burst": unlimited,
+                       "rest_rate_limit_per_minute": 1e12, "rest_rate_limit_burst": unlimited,
+                       "ping_interval_s": 1800, "idle_timeout_s": 3600},
+        }
+
+    def prepare(self, settings: Any) -> dict[str, Any]:
+        return {"rest_path": settings.baqend.rest_path}
+
+    def plans(self) -> dict[str, Any]:
+        return {"queries": queries_cases, "latency": latency_cases}
 
 
 register(BaqendProfile())
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+class Layout:
+    """Who holds which query, and what each write causes: query *i* is ``{"g": i % groups}`` on
+    connection ``i * connections // queries``; the first of each group is sorted (``n``
+    descending, limit 10); write *w* has ``g`` = w % groups and ``n`` = w."""
+
+    def __init__(self, bucket: str, queries: int, connections: int, matches: int) -> None:
+        if queries % matches:
+            raise SystemExit(f"router bench: baqend.queries {queries} is not a multiple of baqend.matches {matches}")
+        self.bucket, self.queries, self.matches = bucket, queries, matches
+        self.connections = max(1, min(connections, queries))
+        self.groups = queries // matches
+
+    def group(self, query: int) -> int:
+        return query % self.groups
+
+    def is_sorted(self, query: int) -> bool:
+        return query < self.groups
+
+    def held_by(self, connection: int) -> range:
+        return range(connection * self.queries // self.connections, (connection + 1) * self.queries // self.connections)
+
+    def writes_to(self, group: int, writes: int) -> int:
+        return writes // self.groups + (1 if group < writes % self.groups else 0)
+
+    def frames(self, query: int, writes: int) -> int:
+        """Match frames ``writes`` inserts send to ``query`` (a full sorted window adds a remove)."""
+        hits = self.writes_to(self.group(query), writes)
+        return hits + max(0, hits - SORTED_LIMIT) if self.is_sorted(query) else hits
+
+    def receivers(self, system: Any, writes: int, procs: int, latency: bool,
+                  pids: dict[str, list[int]]) -> list[tuple[str, dict[str, Any]]]:
+        connections = [{"url": _url(system, index),
+                        "queries": [[f"q{query}", self.group(query), self.is_sorted(query)]
+                                    for query in self.held_by(index)]}
+                       for index in range(self.connections)]
+        out = []
+        for group in _split(connections, procs):
+            held = [int(sub_id[1:]) for entry in group for sub_id, _, _ in entry["queries"]]
+            if latency:  # only add/insert counts: each write once per query it matches
+                expected = sum(self.writes_to(self.group(query), writes) for query in held)
+            else:
+                expected = sum(self.frames(query, writes) for query in held)
+            out.append(("baqend_receivers", {"connections": group, "bucket": self.bucket, "expected": expected,
+                                             "latency": latency, "pids": pids}))
+        return out
+
+
+def _params(options: Options) -> dict[str, Any]:
+    queries = options.param("baqend.queries", [1000, 10_000])
+    return {
+        "queries": queries if isinstance(queries, list) else [queries],
+        "connections": options.param("baqend.connections", 10),
+        "matches": options.param("baqend.matches", 10),
+        "writes": options.param("baqend.writes", 20_000),
+        "inflight": options.param("baqend.inflight", 32),
+        "rest_connections": options.param("baqend.rest_connections", 32),
+        "rate": options.param("baqend.rate", 1000.0, float),
+        "seconds": options.param("baqend.seconds", 10.0, float),
+        "latency_queries": options.param("baqend.latency_queries", 1000),
+    }
+
+
+def _server_pids(system: Any) -> dict[str, list[int]]:
+    """The router's processes by role: its gateways, and its shards by kind (``query``: the matching)."""
+    router = getattr(system, "router", None)
+    if router is None:
+        return {}
+    import ray
+
+    pids = {"gateway": list(system.gateway_pids)}
+    for kind, shards in router.shards.items():
+        pids[kind] = [info["pid"] for info in ray.get([shard.info.remote() for shard in shards], timeout=30)]
+    return pids
+
+
+def _jobs(system: Any, layout: Layout, params: dict[str, Any], writes: int, rate: float | None,
+          procs: int) -> list[tuple[str, dict[str, Any]]]:
+    """The receivers (holding the queries) and the writer; each reads the router's CPU (the
+    writer as it starts, a receiver as it ends) so a case tells what a write cost."""
+    pids = _server_pids(system)
+    writer = {"bucket": layout.bucket, "groups": layout.groups, "writes": writes, "rate": rate,
+              "inflight": params["inflight"], "rest_connections": params["rest_connections"], "pids": pids}
+    return [*layout.receivers(system, writes, procs, rate is not None, pids), ("baqend_writer", writer)]
+
+
+def _role(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [r for r in results if r["role"] == name]
+
+
+def _shortfall(received: int, expected: int, writer: dict[str, Any], idle_s: float) -> list[str]:
+    """What stalled, if anything: writes refused or unanswered, events not received."""
+    notes = []
+    if writer["answered"] < writer["sent"]:
+        notes.append(f"{writer['sent'] - writer['answered']:,} of {writer['sent']:,} writes unanswered")
+    if writer["refused"]:
+        notes.append("writes refused: " + ", ".join(f"{count:,} x {status}"
+                                                     for status, count in sorted(writer["refused"].items())))
+    if received < expected:
+        notes.append(f"{expected - received:,} of {expected:,} events not received "
+                     f"(receivers stop {idle_s:g} s after their last event)")
+    return notes
+
+
+def queries_cases(options: Options) -> list[Case]:
+    params = _params(options)
+    writes = params["writes"]
+    cases = []
+    for position, queries in enumerate(params["queries"]):
+        layout = Layout(f"Queries{queries}_{position}", queries, params["connections"], params["matches"])
+
+        def jobs(system: Any, layout: Layout = layout) -> list[tuple[str, dict[str, Any]]]:
+            return _jobs(system, layout, params, writes, None, options.procs)
+
+        def summarise(system: Any, results: list[dict[str, Any]], measured: dict[str, Any],
+                      layout: Layout = layout) -> dict[str, Any]:
+            writer = _role(results, "RestWriter")[0]
+            receivers = _role(results, "QueryReceivers")
+            received = sum(r["received"] for r in receivers)
+            expected = sum(r["expected"] for r in receivers)
+            heard = [r for r in receivers if r["received"]]
+            span = max(r["last"] for r in heard) - writer["start"] if heard else 0.0
+            matched = writer["answered"] - sum(writer["refused"].values())
+            row: dict[str, Any] = {
+                "value": round(matched / span) if span > 0 else None,
+                "received": received, "expected": expected, "writes": matched, "queries": layout.queries,
+                "connections": layout.connections, "matches_per_write": layout.matches,
+                "events_per_s": round(received / span) if span > 0 else None,
+                "write_seconds": round(span, 3),
+            }
+            last = max(receivers, key=lambda r: r["finished"])
+            cpu = {kind: round((last["cpu"][kind] - writer["cpu"][kind]) / max(1, matched) * 1e6, 1)
+                   for kind in writer["cpu"]}
+            if cpu:
+                row["cpu_us_per_write"] = cpu
+                row["shards_cpu_us_per_write"] = round(sum(v for k, v in cpu.items() if k != "gateway"), 1)
+            notes = [f"{row['events_per_s'] or 0:,} events/s"]
+            if cpu:
+                notes.append(f"shards {row['shards_cpu_us_per_write']:,.0f} µs/write "
+                             f"(query {cpu.get('query', 0):,.0f}), gateway {cpu['gateway']:,.0f} µs/write")
+            row["notes"] = ", ".join(notes + _shortfall(received, expected, writer, options.idle_s))
+            return row
+
+        case = f"{queries:,} queries x {layout.connections} conns, {writes:,} writes"
+        cases.append(Case("queries", case, "matched writes/s", jobs, summarise))
+    return cases
+
+
+def latency_cases(options: Options) -> list[Case]:
+    params = _params(options)
+    rate, queries = params["rate"], params["latency_queries"]
+    writes = max(1, int(rate * params["seconds"]))
+    layout = Layout("Latency", queries, params["connections"], params["matches"])
+
+    def jobs(system: Any) -> list[tuple[str, dict[str, Any]]]:
+        return _jobs(system, layout, params, writes, rate, options.procs)
+
+    def summarise(system: Any, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+        writer = _role(results, "RestWriter")[0]
+        receivers = _role(results, "QueryReceivers")
+        figures = percentiles_ms(merged_histogram(r["histogram"] for r in receivers if r.get("histogram")))
+        received = sum(r["received"] for r in receivers)
+        expected = sum(r["expected"] for r in receivers)
+        row = {"value": figures["p99_ms"], **figures, "received": received, "expected": expected,
+               "writes": writer["answered"], "queries": queries, "offered_writes_per_s": rate}
+        notes = [f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"]
+        row["notes"] = ", ".join(notes + _shortfall(received, expected, writer, options.idle_s))
+        return row
+
+    case = f"{rate:,.0f} writes/s x {queries:,} queries"
+    compare = f"{options.rate:,.0f} msg/s x {options.latency_subscribers} subs"  # Signal Hub's latency case
+    return [Case("latency", case, "p99_ms", jobs, summarise, compare=compare)]
+
+
+# -- load generators ---------------------------------------------------------------------------
+
+def _subscribe_frame(sub_id: str, bucket: str, query: dict[str, Any], ordered: bool = False) -> bytes:
+    message: dict[str, Any] = {"id": sub_id, "type": "subscribe", "bucket": bucket, "initial": True,
+                               "query": json.dumps(query, separators=(",", ":"))}
+    if ordered:
+        message.update(sort='{"n":-1}', limit=SORTED_LIMIT)
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+async def _await_results(client: WsClient, count: int, timeout: float) -> None:
+    """Every subscribe is answered by its ``result`` (``initial``), or refused with an error."""
+    replies = await client.messages(count, timeout)
+    refused = next((reply for reply in replies if RESULT not in reply), None)
+    if refused is not None:
+        raise RuntimeError(f"subscribe refused: {refused[:300]!r}")
+
+
+class BaqendDialect(loadgen.Dialect):
+    """A real-time query client: no hello; a subscription is a query answered by its result."""
+
+    name = "baqend"
+
+    async def subscribe(self, client: WsClient, name: str, topics: list[str]) -> None:
+        for index, topic in enumerate(topics):
+            client.send(_subscribe_frame(f"{name}/{index}", CHURN_BUCKET, {"topic": topic}))
+        await _await_results(client, len(topics), 30)
+
+
+def _cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """Cumulative CPU seconds of the router's processes, by role (a process gone counts nothing)."""
+    out = {}
+    for role, group in pids.items():
+        total = 0.0
+        for pid in group:
+            try:
+                times = psutil.Process(pid).cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                pass
+        out[role] = total
+    return out
+
+
+class QueryReceivers:
+    """Connections holding real-time queries; they count the match frames (``COUNT``), or, for
+    latency, each ``add/insert`` and its write's send time (``HANDLE``). They stop at ``expected``,
+    an idle gap after the first frame, or the time bound; then they read the router's CPU."""
+
+    @staticmethod
+    async def setup(dialect: loadgen.Dialect, spec: dict[str, Any]) -> dict[str, Any]:
+        histogram = None
+        if spec["latency"]:
+            from hdrh.histogram import HdrHistogram
+
+            histogram = HdrHistogram(1, 60_000_000, 3)
+        tally = Tally(histogram)
+
+        def record(payload: bytes) -> int:
+            if INSERT not in payload:
+                return 0  # a window's remove: it carries an older document's stamp
+            tally.record_stamps(payload, time.monotonic_ns())
+            return 1
+
+        async def one(entry: dict[str, Any]) -> WsClient:
+            client = await dialect.open(entry["url"], tally)
+            for sub_id, group, ordered in entry["queries"]:
+                client.send(_subscribe_frame(sub_id, spec["bucket"], {"g": group}, ordered))
+            await _await_results(client, len(entry["queries"]), spec["ready_timeout"])
+            if histogram is not None:
+                client.handler = record
+            dialect.listen(client, HANDLE if histogram is not None else COUNT)
+            return client
+
+        clients = await asyncio.gather(*(one(entry) for entry in spec["connections"]))
+        return {"clients": clients, "tally": tally}
+
+    @staticmethod
+    async def run(dialect: loadgen.Dialect, spec: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        result = await loadgen.Subscribers.run(dialect, spec, state)
+        result.update(finished=time.monotonic(), cpu=_cpu_seconds(spec["pids"]))
+        return result
+
+    @staticmethod
+    def close(state: dict[str, Any]) -> None:
+        for client in state["clients"]:
+            client.close()
+
+
+class RestConnection(asyncio.Protocol):
+    """A keep-alive HTTP/1.1 client connection: requests are pipelined, each answer is read by
+    its head (status, ``Content-Length``) and handed to ``answered(connection, status)``."""
+
+    def __init__(self, answered: Any) -> None:
+        self.answered = answered
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(buffer[:end]).lower()
+            length = 0
+            at = head.find(b"\r\ncontent-length:")
+            if at >= 0:
+                stop = head.find(b"\r\n", at + 2)
+                length = int(head[at + 17:stop if stop >= 0 else end])
+            if len(buffer) < end + 4 + length:
+                return
+            del buffer[:end + 4 + length]
+            self.answered(self, int(head[9:12]))
+
+    def send(self, request: bytes) -> None:
+        self.transport.write(request)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class RestWriter:
+    """REST inserts into one bucket: a flood (``inflight`` unanswered at most, pipelined over
+    ``rest_connections``), or at ``rate`` writes/s each stamped with its intended send time. Write
+    *w* is ``{"id": "/db/<bucket>/w<w>", "g": w % groups, "n": w}`` (+ ``"s"``: the stamp)."""
+
+    @staticmethod
+    async def setup(dialect: loadgen.Dialect, spec: dict[str, Any]) -> dict[str, Any]:
+        config = spec["config"]
+        loop = asyncio.get_running_loop()
+        state: dict[str, Any] = {"answered": 0, "refused": {}, "next": 0, "done": loop.create_future()}
+        bases = config["http"]
+        rest_path = config["rest_path"].rstrip("/")
+        count = max(1, min(spec["rest_connections"], spec["inflight"]))
+        connections, heads = [], {}
+
+        def answered(connection: RestConnection, status: int) -> None:
+            state["answered"] += 1
+            if status != 201:
+                state["refused"][status] = state["refused"].get(status, 0) + 1
+            if spec["rate"] is None and state["next"] < spec["writes"]:
+                RestWriter.write(state, connection, state["next"])
+                state["next"] += 1
+            if state["answered"] >= spec["writes"] and not state["done"].done():
+                state["done"].set_result(None)
+
+        for index in range(count):
+            host, _, port = bases[index % len(bases)].split("://", 1)[1].rstrip("/").rpartition(":")
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(lambda: RestConnection(answered), host, port), 30)
+            connections.append(connection)
+            heads[connection] = (f"POST {rest_path}/db/{spec['bucket']} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                                 "Content-Type: application/json\r\nContent-Length: ").encode()
+        state.update(connections=connections, heads=heads, bucket=spec["bucket"].encode(), groups=spec["groups"])
+        return state
+
+    @staticmethod
+    def write(state: dict[str, Any], connection: RestConnection, w: int, sent_at: str = "") -> None:
+        body = b'{"id":"/db/%s/w%d","g":%d,"n":%d%s}' % (
+            state["bucket"], w, w % state["groups"], w, f',"s":"{sent_at}"'.encode() if sent_at else b"")
+        connection.send(b"%s%d\r\n\r\n%s" % (state["heads"][connection], len(body), body))
+
+    @staticmethod
+    async def run(dialect: loadgen.Dialect, spec: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        writes, connections = spec["writes"], state["connections"]
+        cpu = _cpu_seconds(spec["pids"])
+        started = time.monotonic()
+        if spec["rate"] is None:
+            first = min(writes, spec["inflight"])
+            for w in range(first):
+                RestWriter.write(state, connections[w % len(connections)], w)
+            state["next"] = first
+        else:
+            interval_ns = int(1e9 / spec["rate"])
+            start = time.monotonic_ns() + 10_000_000
+            for w in range(writes):
+                due = start + w * interval_ns
+                delay = due - time.monotonic_ns()
+                if delay > 0:
+                    await asyncio.sleep(delay / 1e9)
+                RestWriter.write(state, connections[w % len(connections)], w, stamp(due))
+            state["next"] = writes
+        try:  # bounded: what was not answered in time is reported, not waited for
+            await asyncio.wait_for(asyncio.shield(state["done"]),
+                                   max(1.0, spec["timeout"] - 2 - (time.monotonic() - started)))
+        except asyncio.TimeoutError:
+            pass
+        return {"sent": state["next"], "answered": state["answered"], "refused": state["refused"],
+                "start": started, "end": time.monotonic(), "cpu": cpu}
+
+    @staticmethod
+    def close(state: dict[str, Any]) -> None:
+        for connection in state.get("connections", ()):
+            connection.close()
+
+
+loadgen.DIALECTS["baqend"] = BaqendDialect
+loadgen.ROLES["baqend_receivers"] = QueryReceivers
+loadgen.ROLES["baqend_writer"] = RestWriter

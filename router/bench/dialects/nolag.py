@@ -1,12 +1,337 @@
-"""nolag in ``router bench``."""
+"""NoLag in ``router bench``: the shared scenarios through ``/ws`` (MessagePack over binary frames,
+API keys), and two of its own.
+
+- ``qos1``: the fan-out at QoS 1 (``S=100 QoS 1``, set against Signal Hub's ``S=100``): every
+  message is logged, carries a ``msgId`` and ``requiresAck``, and the subscribers acknowledge with
+  ``batchAck`` (every ``nolag.ack_every`` messages, and when a connection goes quiet). The same
+  number of deliveries as ``fanout`` (``--deliveries``); S: the ``--subscribers`` values above 1,
+  or ``--param nolag.qos1_subscribers=100``.
+- ``groups``: load balancing. ``nolag.members`` subscribers (default 100) in ``nolag.groups``
+  load-balance groups (default 10) of one topic: each message goes to exactly one member of each
+  group, so a publish makes ``groups`` deliveries; ``--deliveries`` in all.
+
+How the shared scenarios map onto NoLag:
+- one API key per client connection (up to :data:`KEYS`; beyond, connections share them), made by
+  :meth:`NolagProfile.prepare` in the router's key store before it starts, with the rate limit out
+  of the way and no monthly quota; ``hello`` is ``auth`` with the connection's token;
+- harness topics become ``app/room/topic`` slugs (``fanout/100`` → ``bench/fanout/100``);
+- NoLag refuses a publish to a topic the connection has not subscribed to (``not_subscribed``): a
+  publisher subscribes to its topics with a filter no publish carries, so it receives none of them
+  (a wildcard subscription would hand a publisher of the ``topics`` case the other publishers'
+  messages), and publishes with ``echo: false`` and a ``msgRef``, which the router answers with
+  ``published``: the publisher's acknowledgement;
+- a message is padded so the ``message`` frame a subscriber gets at QoS 0 is
+  ``PAYLOAD_BYTES`` long (the size every system delivers); the latency stamp is in its ``data``
+  string, whose bytes a MessagePack frame carries as they are;
+- the router's heartbeats (an empty frame after 30 s of silence, and closing a client silent for
+  90 s) are pushed past any case: the load generator's connections stay silent while others set
+  up, and a counting receiver would count a heartbeat as a delivery.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import re
+import zlib
+from typing import Any
+
+import msgpack
+
+from router.bench import loadgen
 from router.bench.dialects import Profile, register
+from router.bench.loadgen import PAYLOAD_BYTES, Dialect, Subscribers
+from router.bench.report import delivery_rate
+from router.bench.scenarios import Case, Options, _split, _url
+from router.bench.wire import HANDLE, STAMP, Tally, WsClient, client_frame, split_url
+
+KEYS = 1000  # API keys made for a benchmark router; connection i uses key i mod KEYS
+RATE_LIMIT_PER_S = 1_000_000_000  # per connection: out of the way
+PUBLISHER_FILTER = "bench-publisher"  # no publish carries it: a publisher's subscription receives nothing
+ACK_EVERY = 100  # QoS 1: a batchAck every this many messages
+ACK_IDLE_S = 0.05  # ... and this long after the last message, for what is left
+QUIET_S = 24 * 3600.0  # heartbeats: past any case
+
+_PACK = msgpack.packb
+_MSG_ID = _PACK("msgId")
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+def nolag_topic(topic: str) -> str:
+    """A harness topic as a NoLag ``app/room/topic`` slug: ``fanout/100`` → ``bench/fanout/100``,
+    ``latency`` → ``bench/latency/all``."""
+    parts = topic.split("/")
+    if len(parts) == 1:
+        return f"bench/{parts[0]}/all"
+    return f"bench/{parts[0]}/{'-'.join(parts[1:])}"
+
+
+def key_index(name: str, keys: int) -> int:
+    """Which of ``keys`` tokens the connection ``name`` uses: numbered names (``bench/s17``) take
+    consecutive keys, so up to ``keys`` subscribers are as many actors; others are hashed."""
+    found = _TRAILING_NUMBER.search(name)
+    if found is None:
+        return zlib.crc32(name.encode()) % keys
+    return (zlib.crc32(name[:found.start()].encode()) + int(found.group(1))) % keys
+
+
+def delivered_frame(topic: str, data: str) -> bytes:
+    """The ``message`` frame the router writes for a QoS 0 publish of ``data`` (the shard's
+    timestamp, a 13-digit Unix millisecond count, included)."""
+    from gateways.nolag.codec import message_packed
+
+    return message_packed(topic, _PACK(data), timestamp=1_700_000_000_000)
+
+
+def padded(topic: str, body: str) -> str:
+    """``body`` padded so its delivered frame is ``PAYLOAD_BYTES`` long, and so that a latency
+    stamp in it is the first ``@`` of the frame (a string header byte may be 0x40, ``@``)."""
+    pad = max(0, PAYLOAD_BYTES - len(delivered_frame(topic, body)))
+    while pad and len(delivered_frame(topic, body + "x" * pad)) > PAYLOAD_BYTES:
+        pad -= 1  # the string's header grew (a fixstr holds at most 31 bytes)
+    data = body + "x" * pad
+    if body.startswith(STAMP.decode()):
+        while True:
+            frame = delivered_frame(topic, data)
+            if frame.find(STAMP) == frame.find(body.encode()):
+                break
+            data += "x"
+    return data
+
+
+# -- the load generators' side ----------------------------------------------------------------
+
+class BinaryWsClient(WsClient):
+    """NoLag speaks binary frames only: a text frame must be UTF-8, and MessagePack is not."""
+
+    def send(self, payload: bytes) -> None:
+        self.transport.write(client_frame(payload, 0x2))
+
+
+async def open_binary_ws(url: str, tally: Tally | None = None, timeout: float = 30) -> BinaryWsClient:
+    host, port, path = split_url(url)
+    loop = asyncio.get_running_loop()
+    _, client = await asyncio.wait_for(
+        loop.create_connection(lambda: BinaryWsClient(host, port, path, tally), host, port), timeout)
+    await asyncio.wait_for(client.upgraded, timeout)
+    return client
+
+
+class _Acker:
+    """A QoS 1 receiver's handler (``HANDLE`` mode): reads each message's ``msgId`` (found in the
+    frame's bytes, nothing decoded), acknowledges them in ``batchAck`` frames, and counts a message
+    once: a redelivery (its ack was late) is counted apart as a duplicate."""
+
+    __slots__ = ("client", "dialect", "every", "pending", "seen", "timer")
+
+    def __init__(self, client: WsClient, dialect: "NolagClientDialect", every: int) -> None:
+        self.client, self.dialect, self.every = client, dialect, every
+        self.pending: list[bytes] = []
+        self.seen: set[bytes] = set()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, payload: bytes) -> int:
+        index = payload.find(_MSG_ID)
+        if index < 0:
+            return 0  # not a logged message (a heartbeat, an error)
+        index += len(_MSG_ID)
+        head = payload[index]
+        if head == 0xD9:  # str 8 (a UUID's 36 characters)
+            start, length = index + 2, payload[index + 1]
+        else:  # fixstr
+            start, length = index + 1, head & 0x1F
+        msg_id = payload[start:start + length]
+        self.pending.append(msg_id)
+        if len(self.pending) >= self.every:
+            self.flush()
+        elif self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
+        if msg_id in self.seen:
+            self.dialect.duplicates += 1
+            return 0
+        self.seen.add(msg_id)
+        return 1
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.pending or self.client.closed.done():
+            return
+        ids, self.pending = self.pending, []
+        self.client.send(_PACK({"type": "batchAck", "msgIds": [msg_id.decode() for msg_id in ids]}))
+        self.dialect.acks += 1
+
+
+class NolagClientDialect(Dialect):
+    """A NoLag client: ``auth`` with the connection's token, ``subscribe`` (QoS, load-balance group
+    from the worker's job), ``publish`` answered by ``published``."""
+
+    name = "nolag"
+    publish_ack_every = 1  # every publish carries a msgRef: one ``published`` each
+
+    def __init__(self, config: dict[str, Any] | None = None, spec: dict[str, Any] | None = None) -> None:
+        super().__init__(config, spec)
+        self.tokens: list[str] = self.config.get("tokens", [])
+        self.entries = {entry["name"]: entry for entry in self.spec.get("connections", ()) if "name" in entry}
+        self.qos = int(self.spec.get("qos", 0))
+        self.ack_every = int(self.spec.get("ack_every", ACK_EVERY))
+        self.duplicates = 0
+        self.acks = 0
+
+    async def open(self, url: str, tally: Tally | None = None) -> BinaryWsClient:
+        return await open_binary_ws(url, tally)
+
+    async def _auth(self, client: WsClient, name: str) -> None:
+        token = self.tokens[key_index(name, len(self.tokens))]
+        client.send(_PACK({"type": "auth", "token": token, "protocolVersion": 2}))
+        reply = msgpack.unpackb((await client.messages(1))[0])
+        if reply.get("type") != "auth" or reply.get("success") is not True:
+            raise RuntimeError(f"auth refused: {reply!r}")
+
+    async def _subscribe(self, client: WsClient, topics: list[str], **options: Any) -> None:
+        for topic in topics:
+            client.send(_PACK({"type": "subscribe", "topic": nolag_topic(topic), **options}))
+        for reply in await client.messages(len(topics)):
+            if msgpack.unpackb(reply).get("type") != "subscribed":
+                raise RuntimeError(f"subscribe refused: {msgpack.unpackb(reply)!r}")
+
+    async def hello(self, client: WsClient, name: str) -> None:
+        """``auth``; a publisher (a connection with topics) also subscribes to them, filtered so
+        that it receives nothing: NoLag publishes only to topics the connection subscribed to."""
+        await self._auth(client, name)
+        topics = self.entries.get(name, {}).get("topics")
+        if topics:
+            await self._subscribe(client, topics, qos=0, filters=[PUBLISHER_FILTER])
+
+    async def subscribe(self, client: WsClient, name: str, topics: list[str]) -> None:
+        await self._auth(client, name)
+        group = self.entries.get(name, {}).get("group")
+        options: dict[str, Any] = {"qos": self.qos}
+        if group is not None:
+            options.update(loadBalance=True, loadBalanceGroup=group)
+        await self._subscribe(client, topics, **options)
+
+    def publish(self, name: str, topic: str, body: str) -> bytes:
+        slug = nolag_topic(topic)
+        return _PACK({"type": "publish", "topic": slug, "data": padded(slug, body), "qos": self.qos,
+                      "echo": False, "msgRef": 1})
+
+    def listen(self, client: WsClient, mode: str) -> None:
+        if client.tally is not None and self.qos >= 1:  # a receiver that acknowledges
+            client.handler = _Acker(client, self, self.ack_every)
+            client.mode = HANDLE
+        else:
+            client.mode = mode
+
+
+class AckingSubscribers(Subscribers):
+    """Subscribers (QoS 1, acknowledging) that also report the redeliveries they saw and the
+    ``batchAck`` frames they sent."""
+
+    @staticmethod
+    async def run(dialect: Dialect, spec: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        result = await Subscribers.run(dialect, spec, state)
+        return {**result, "duplicates": dialect.duplicates, "acks": dialect.acks}
+
+
+loadgen.DIALECTS["nolag"] = NolagClientDialect
+loadgen.ROLES["nolag-acking"] = AckingSubscribers
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+
+def _deliveries_row(system: Any, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+    receivers = [r for r in results if "expected" in r]
+    received, rate = delivery_rate(receivers)
+    expected = sum(r["expected"] for r in receivers)
+    row: dict[str, Any] = {"value": round(rate), "received": received, "expected": expected}
+    notes = []
+    if received < expected:
+        notes.append(f"{expected - received:,} of {expected:,} not received")
+    if any("duplicates" in r for r in receivers):
+        row["duplicates"] = sum(r.get("duplicates", 0) for r in receivers)
+        row["batch_acks"] = sum(r.get("acks", 0) for r in receivers)
+        if row["duplicates"]:
+            notes.append(f"{row['duplicates']:,} redelivered")
+    if notes:
+        row["notes"] = ", ".join(notes)
+    return row
+
+
+def qos1_cases(options: Options) -> list[Case]:
+    """Fan-out at QoS 1 with acknowledgements, S subscribers of one topic."""
+    counts = options.param("nolag.qos1_subscribers", [s for s in options.subscribers if s > 1] or [100])
+    counts = counts if isinstance(counts, list) else [counts]
+    ack_every = options.param("nolag.ack_every", ACK_EVERY)
+    cases = []
+    for subscribers in counts:
+        publishes = max(1, options.deliveries // subscribers)
+        topic = f"qos1/{subscribers}"
+
+        def jobs(system: Any, subscribers: int = subscribers, publishes: int = publishes, topic: str = topic):
+            connections = [{"url": _url(system, i), "name": f"bench/s{i}", "topics": [topic]}
+                           for i in range(subscribers)]
+            out = [("nolag-acking", {"connections": group, "expected": len(group) * publishes, "qos": 1,
+                                     "ack_every": ack_every})
+                   for group in _split(connections, options.procs)]
+            out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/p", "topics": [topic]}],
+                                       "messages": publishes, "window": options.window, "qos": 1}))
+            return out
+
+        # Scenario "fanout": its figure is set against Signal Hub's fan-out to as many subscribers.
+        cases.append(Case("fanout", f"S={subscribers} QoS 1", "deliveries/s", jobs, _deliveries_row,
+                          compare=f"S={subscribers}"))
+    return cases
+
+
+def groups_cases(options: Options) -> list[Case]:
+    """Load-balance groups: each message to one member of each group."""
+    groups = options.param("nolag.groups", 10)
+    members = options.param("nolag.members", 100)
+    if groups < 1 or members < groups:
+        raise SystemExit("router bench: nolag.groups must be 1 or more, nolag.members at least nolag.groups")
+    publishes = max(1, options.deliveries // groups)
+
+    def jobs(system: Any):
+        # Whole groups to each receiving process: its share is exact (groups x publishes) however
+        # a group's turns fall among its members.
+        names = [f"g{g}" for g in range(groups)]
+        out = []
+        for part in _split(names, options.procs):
+            connections = [{"url": _url(system, i), "name": f"bench/s{i}", "topics": ["groups"],
+                            "group": names[i % groups]}
+                           for i in range(members) if names[i % groups] in part]
+            out.append(("subscribers", {"connections": connections, "expected": len(part) * publishes}))
+        out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/p", "topics": ["groups"]}],
+                                   "messages": publishes, "window": options.window}))
+        return out
+
+    return [Case("groups", f"{members} subs in {groups} groups", "deliveries/s", jobs, _deliveries_row)]
 
 
 class NolagProfile(Profile):
     name = "nolag"
+    shared = ("fanout", "topics", "latency", "connections", "churn")
+
+    def settings(self) -> dict[str, Any]:
+        # max_unacked: a QoS 1 receiver's window holds every message not yet acked.
+        return {"nolag": {"rate_limit_per_s": float(RATE_LIMIT_PER_S), "max_unacked": 100_000,
+                          "heartbeat_interval_s": QUIET_S, "heartbeat_timeout_s": QUIET_S}}
+
+    def prepare(self, settings: Any) -> dict[str, Any]:
+        """API keys in the router's key store: no monthly quota, the rate limit out of the way.
+        Keys set no connection limit (the gateway's ``max_connections`` is per gateway)."""
+        from actors.nolag.keys import open_key_store
+
+        store = open_key_store(settings)
+        try:
+            tokens = [store.create("bench", rate_limit_per_s=RATE_LIMIT_PER_S)[0] for _ in range(KEYS)]
+        finally:
+            store.close()
+        return {"tokens": tokens}
+
+    def plans(self) -> dict[str, Any]:
+        return {"qos1": qos1_cases, "groups": groups_cases}
 
 
 register(NolagProfile())
