@@ -17,6 +17,7 @@ bounded in count and time. Output: a table, a JSON file, optionally a PNG.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the router's event log (default on); compare: each router once with it, once "
                              "without (what the log costs)")
     parser.add_argument("--pin", type=int, default=0, help="CPU the raw and redis servers are pinned to (-1: none)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every case N times on the same system (rows 'CASE, run k'): how steady a figure is")
     parser.add_argument("--lanes", default="unix,tcp", help="lanes: the kinds measured (unix, tcp)")
     parser.add_argument("--lane-seconds", type=float, default=3.0, help="lanes: length of the throughput run")
     parser.add_argument("--out", help="JSON file (default benchmarks/results/bench-<scenario>.json)")
@@ -136,6 +139,18 @@ def _dialects(args: argparse.Namespace) -> list[str]:
     return list(bench_dialects.NAMES) if "all" in wanted else wanted
 
 
+def repeated(cases: list[Case], times: int) -> list[Case]:
+    """Each case ``times`` times in a row, named ``<case>, run <k>`` (unchanged when once)."""
+    if times <= 1:
+        return cases
+    out = []
+    for case in cases:
+        for run in range(1, times + 1):
+            out.append(dataclasses.replace(case, case=f"{case.case}, run {run}",
+                                           compare=f"{case.compare or case.case}, run {run}"))
+    return out
+
+
 def _lanes(args: argparse.Namespace) -> int:
     from router.bench import lanes
     from router.bench.report import machine
@@ -188,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         params=_params(args.param))
     if args.nodes and _dialects(args) != ["signal"]:
         raise SystemExit("router bench: --nodes measures Signal Hub only")
-    cases = plan_cases(args.scenario, _dialects(args), options)
+    cases = repeated(plan_cases(args.scenario, _dialects(args), options), args.repeat)
 
     def progress(message: str) -> None:
         print(f"bench: {message}", flush=True)

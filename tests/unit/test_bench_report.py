@@ -163,3 +163,15 @@ def test_a_baseline_runs_the_shared_cases_and_a_router_its_dialect_s():
     assert RawSystem(None).accepts(shared) and not RawSystem(None).accepts(own)
     assert RouterSystem(dialect="signal").accepts(own) and not RouterSystem(dialect="nolag").accepts(own)
     assert not RouterSystem(dialect="signal").accepts(shared)
+
+
+def test_repeated_cases_run_in_a_row_and_compare_run_for_run():
+    from router.bench import plan_cases, repeated
+    from router.bench.scenarios import Options
+
+    cases = repeated(plan_cases("latency", ["signal"], Options()), 3)
+    assert [(case.dialect, case.case) for case in cases] == [
+        ("signal", f"1,000 msg/s x 100 subs, run {k}") for k in (1, 2, 3)] + [
+        (None, f"1,000 msg/s x 100 subs, run {k}") for k in (1, 2, 3)]
+    assert cases[1].compare == "1,000 msg/s x 100 subs, run 2"
+    assert repeated(cases, 1) is cases
