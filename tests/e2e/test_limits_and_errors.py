@@ -10,7 +10,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Opcode
 
 from tests.e2e.client import HUB, HubClient, eventually, run
-from tests.e2e.rawws import client_frame, open_raw_websocket, read_close_code
+from tests.e2e.rawws import client_frame, open_raw_websocket, read_close_code, read_server_frame
 
 
 def test_queue_stats_reports_the_connections_counters(open_hub):
@@ -153,5 +153,59 @@ def test_a_message_nested_too_deep_is_refused_alone(open_hub):
             "hub:registered", "p", "browser/plain")
         await attacker.close()
         await honest.close()
+
+    run(scenario())
+
+
+def _hub_frame(kind: str, sender: str, **extra) -> bytes:
+    return json.dumps({"type": kind, "from": sender, "to": HUB, "payload": {}, **extra}).encode()
+
+
+def test_frames_of_every_shape_in_one_read_are_answered_in_order(open_hub):
+    """Simple frames are unmasked by the gateway itself; a ping, a fragmented message, a
+    127-byte-length header and a frame split across reads go to the websockets parser. Mixed in
+    one stream, every message is answered once and in order, and the pong comes where the ping was."""
+    port = urlparse(open_hub.ws_urls[0]).port
+    sender = "browser/shapes"
+
+    def beat(tag: str) -> bytes:
+        return client_frame(Opcode.TEXT, _hub_frame("hub:heartbeat", sender, correlationId=tag))
+
+    async def scenario():
+        reader, writer = await open_raw_websocket(port, "/ws")
+        writer.write(client_frame(Opcode.TEXT, _hub_frame("hub:connect", sender, payload={"version": "1.0"})))
+        opcode, body = await read_server_frame(reader)
+        assert json.loads(body)["type"] == "hub:connected"
+        padded = _hub_frame("hub:heartbeat", sender, correlationId="b-126", pad="p" * 200)  # a 2-byte length
+        fragmented = _hub_frame("hub:heartbeat", sender, correlationId="c-fragments")
+        split = beat("e-split")
+        stream = (beat("a-1") + client_frame(Opcode.BINARY, padded) + client_frame(Opcode.PING, b"now")
+                  + client_frame(Opcode.TEXT, fragmented[:10], fin=False)
+                  + client_frame(Opcode.CONT, fragmented[10:]) + beat("d-after") + split[:7])
+        writer.write(stream)
+        await writer.drain()
+        writer.write(split[7:] + beat("f-last"))
+        replies = []
+        for _ in range(6):
+            opcode, body = await read_server_frame(reader)
+            replies.append((opcode, body if opcode == Opcode.PONG else json.loads(body).get("correlationId")))
+        assert replies == [(Opcode.TEXT, "a-1"), (Opcode.TEXT, "b-126"), (Opcode.PONG, b"now"),
+                           (Opcode.TEXT, "c-fragments"), (Opcode.TEXT, "d-after"), (Opcode.TEXT, "e-split")]
+        opcode, body = await read_server_frame(reader)
+        assert json.loads(body)["correlationId"] == "f-last"
+        writer.close()
+
+    run(scenario())
+
+
+def test_an_unmasked_client_frame_closes_with_1002(open_hub):
+    port = urlparse(open_hub.ws_urls[0]).port
+
+    async def scenario():
+        reader, writer = await open_raw_websocket(port, "/ws")
+        body = _hub_frame("hub:heartbeat", "browser/unmasked")
+        writer.write(bytes([0x81, len(body)]) + body)
+        assert await read_close_code(reader) == 1002
+        writer.close()
 
     run(scenario())
