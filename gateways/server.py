@@ -134,6 +134,7 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._failed = False
         self._fragments: list[bytes] | None = None
+        self._partial = b""  # the start of a simple frame whose end has not arrived yet
         self._fragments_text = False
         self._held = False  # this connection stopped reading: its own output is not being read
         self._refused = False  # refused at accept (connection limits): never counted, never read
@@ -197,6 +198,7 @@ class Connection(asyncio.Protocol):
         # Let go of buffers now: a session's reference cycles keep this object until a full
         # garbage collection, and a parse error's traceback keeps the parser's read buffer.
         self._fragments = None
+        self._partial = b""
         if self.ws is not None:
             self.ws.parser_exc = None
         session, self.session = self.session, None
@@ -390,14 +392,16 @@ class Connection(asyncio.Protocol):
 
     def _ws_received(self, data: bytes) -> None:
         ws = self.ws
+        if self._partial:
+            data, self._partial = self._partial + data, b""
         if (ws.state is OPEN and not ws.reader.buffer and ws.current_size is None and self._fragments is None
                 and not self.compressed):
             taken = self._simple_frames(data)
+            if taken == len(data) or self._failed:
+                if self._paused:
+                    self._update_hold()
+                return
             if taken:
-                if taken == len(data) or self._failed:
-                    if self._paused:
-                        self._update_hold()
-                    return
                 data = data[taken:]
         ws.receive_data(data)
         events = ws.events_received()
@@ -424,30 +428,41 @@ class Connection(asyncio.Protocol):
 
     def _simple_frames(self, data: bytes) -> int:
         """Handle the complete simple frames at the start of ``data`` (FIN, text or binary, masked,
-        no RSV bit, at most 65,535 bytes and the size limits); returns how many bytes they took.
-        Called only where ``websockets`` waits for the start of a frame, so what is left is parsed
-        by it from a frame boundary."""
+        no RSV bit, at most 65,535 bytes and within the size limits); returns how many bytes were
+        taken. The start of a simple frame cut off by the end of the read is kept (``_partial``, at
+        most one frame) and counts as taken. Called only where ``websockets`` waits for the start
+        of a frame, so whatever is left is parsed by it from a frame boundary."""
         ws = self.ws
         limit = ws.max_message_size
         if ws.max_fragment_size is not None and (limit is None or ws.max_fragment_size < limit):
             limit = ws.max_fragment_size
         position, size = 0, len(data)
-        while size - position >= 6:
-            first, second = data[position], data[position + 1]
-            if (first != 0x81 and first != 0x82) or second < 0x80:  # not FIN+text/binary, or unmasked
+        while position < size:
+            first = data[position]
+            if first != 0x81 and first != 0x82:  # not FIN + text/binary with no RSV bit
+                break
+            if size - position < 2:
+                self._partial = data[position:]
+                return size
+            second = data[position + 1]
+            if second < 0x80:  # unmasked: websockets refuses it
                 break
             length = second & 0x7F
             header = 6
             if length == 126:
-                if size - position < 8:
-                    break
+                if size - position < 4:
+                    self._partial = data[position:]
+                    return size
                 length = (data[position + 2] << 8) | data[position + 3]
                 header = 8
             elif length == 127:
                 break
-            end = position + header + length
-            if end > size or (limit is not None and length > limit):
+            if limit is not None and length > limit:
                 break
+            end = position + header + length
+            if end > size:
+                self._partial = data[position:]
+                return size
             self._message(_unmask(data[position + header:end], data[position + header - 4:position + header]),
                           first == 0x81)
             position = end

@@ -7,7 +7,7 @@ from urllib.parse import urlparse
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 
 from tests.e2e.client import HUB, HubClient, eventually, run
 from tests.e2e.rawws import client_frame, open_raw_websocket, read_close_code, read_server_frame
@@ -162,37 +162,50 @@ def _hub_frame(kind: str, sender: str, **extra) -> bytes:
 
 
 def test_frames_of_every_shape_in_one_read_are_answered_in_order(open_hub):
-    """Simple frames are unmasked by the gateway itself; a ping, a fragmented message, a
-    127-byte-length header and a frame split across reads go to the websockets parser. Mixed in
-    one stream, every message is answered once and in order, and the pong comes where the ping was."""
+    """Simple frames are unmasked by the gateway itself; a ping, a fragmented message and a
+    127-length frame go to the websockets parser; a frame cut by the end of a read (in its
+    payload, in its 2-byte length, after its first byte) waits for its end. Mixed in one stream,
+    every message is answered once and in order, and the pong comes where the ping was."""
     port = urlparse(open_hub.ws_urls[0]).port
     sender = "browser/shapes"
 
-    def beat(tag: str) -> bytes:
-        return client_frame(Opcode.TEXT, _hub_frame("hub:heartbeat", sender, correlationId=tag))
+    def beat(tag: str, pad: int = 0) -> bytes:
+        extra = {"pad": "p" * pad} if pad else {}
+        return client_frame(Opcode.TEXT, _hub_frame("hub:heartbeat", sender, correlationId=tag, **extra))
+
+    async def replies(reader, count: int) -> list:
+        out = []
+        for _ in range(count):
+            opcode, body = await read_server_frame(reader)
+            out.append((opcode, body if opcode == Opcode.PONG else json.loads(body).get("correlationId")))
+        return out
 
     async def scenario():
         reader, writer = await open_raw_websocket(port, "/ws")
         writer.write(client_frame(Opcode.TEXT, _hub_frame("hub:connect", sender, payload={"version": "1.0"})))
         opcode, body = await read_server_frame(reader)
         assert json.loads(body)["type"] == "hub:connected"
-        padded = _hub_frame("hub:heartbeat", sender, correlationId="b-126", pad="p" * 200)  # a 2-byte length
         fragmented = _hub_frame("hub:heartbeat", sender, correlationId="c-fragments")
-        split = beat("e-split")
-        stream = (beat("a-1") + client_frame(Opcode.BINARY, padded) + client_frame(Opcode.PING, b"now")
-                  + client_frame(Opcode.TEXT, fragmented[:10], fin=False)
-                  + client_frame(Opcode.CONT, fragmented[10:]) + beat("d-after") + split[:7])
-        writer.write(stream)
-        await writer.drain()
-        writer.write(split[7:] + beat("f-last"))
-        replies = []
-        for _ in range(6):
-            opcode, body = await read_server_frame(reader)
-            replies.append((opcode, body if opcode == Opcode.PONG else json.loads(body).get("correlationId")))
-        assert replies == [(Opcode.TEXT, "a-1"), (Opcode.TEXT, "b-126"), (Opcode.PONG, b"now"),
-                           (Opcode.TEXT, "c-fragments"), (Opcode.TEXT, "d-after"), (Opcode.TEXT, "e-split")]
-        opcode, body = await read_server_frame(reader)
-        assert json.loads(body)["correlationId"] == "f-last"
+        long_form = Frame(Opcode.TEXT, _hub_frame("hub:heartbeat", sender, correlationId="g-127"))
+        long_form = bytes([0x81, 0x80 | 127]) + len(long_form.data).to_bytes(8, "big") + b"\0\0\0\0" + long_form.data
+        writer.write(beat("a-1") + client_frame(Opcode.BINARY, _hub_frame("hub:heartbeat", sender, correlationId="b-126",
+                                                                           pad="p" * 200))
+                     + client_frame(Opcode.PING, b"now") + client_frame(Opcode.TEXT, fragmented[:10], fin=False)
+                     + client_frame(Opcode.CONT, fragmented[10:]) + beat("d-after") + long_form)
+        assert await replies(reader, 6) == [(Opcode.TEXT, "a-1"), (Opcode.TEXT, "b-126"), (Opcode.PONG, b"now"),
+                                            (Opcode.TEXT, "c-fragments"), (Opcode.TEXT, "d-after"),
+                                            (Opcode.TEXT, "g-127")]
+        # Cut frames: each piece after the reply to the frame written with the previous one, so the
+        # gateway has read up to the cut before the rest arrives.
+        in_payload, in_length, after_first = beat("e-payload"), beat("f-length", pad=200), beat("h-first")
+        writer.write(beat("1") + in_payload[:7])
+        assert await replies(reader, 1) == [(Opcode.TEXT, "1")]
+        writer.write(in_payload[7:] + beat("2") + in_length[:3])
+        assert await replies(reader, 2) == [(Opcode.TEXT, "e-payload"), (Opcode.TEXT, "2")]
+        writer.write(in_length[3:] + beat("3") + after_first[:1])
+        assert await replies(reader, 2) == [(Opcode.TEXT, "f-length"), (Opcode.TEXT, "3")]
+        writer.write(after_first[1:] + beat("4"))
+        assert await replies(reader, 2) == [(Opcode.TEXT, "h-first"), (Opcode.TEXT, "4")]
         writer.close()
 
     run(scenario())
