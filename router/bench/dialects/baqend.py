@@ -115,12 +115,11 @@ class Layout:
     def receivers(self, system: Any, writes: int, procs: int, latency: bool,
                   pids: dict[str, list[int]]) -> list[tuple[str, dict[str, Any]]]:
         connections = [{"url": _url(system, index),
-                        "queries": [[f"q{query}", self.group(query), self.is_sorted(query)]
-                                    for query in self.held_by(index)]}
+                        "queries": [[query, self.group(query), self.is_sorted(query)] for query in self.held_by(index)]}
                        for index in range(self.connections)]
         out = []
         for group in _split(connections, procs):
-            held = [int(sub_id[1:]) for entry in group for sub_id, _, _ in entry["queries"]]
+            held = [query for entry in group for query, _, _ in entry["queries"]]
             if latency:  # only add/insert counts: each write once per query it matches
                 expected = sum(self.writes_to(self.group(query), writes) for query in held)
             else:
@@ -245,7 +244,8 @@ def latency_cases(options: Options) -> list[Case]:
         figures = percentiles_ms(merged_histogram(r["histogram"] for r in receivers if r.get("histogram")))
         received = sum(r["received"] for r in receivers)
         expected = sum(r["expected"] for r in receivers)
-        row = {"value": figures["p99_ms"], **figures, "received": received, "expected": expected,
+        row = {"value": figures["p99_ms"] if figures["samples"] else None, **figures, "received": received,
+               "expected": expected,
                "writes": writer["answered"], "queries": queries, "offered_writes_per_s": rate}
         notes = [f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"]
         row["notes"] = ", ".join(notes + _shortfall(received, expected, writer, options.idle_s))
@@ -322,8 +322,8 @@ class QueryReceivers:
 
         async def one(entry: dict[str, Any]) -> WsClient:
             client = await dialect.open(entry["url"], tally)
-            for sub_id, group, ordered in entry["queries"]:
-                client.send(_subscribe_frame(sub_id, spec["bucket"], {"g": group}, ordered))
+            for query, group, ordered in entry["queries"]:
+                client.send(_subscribe_frame(f"q{query}", spec["bucket"], {"g": group}, ordered))
             await _await_results(client, len(entry["queries"]), spec["ready_timeout"])
             if histogram is not None:
                 client.handler = record
