@@ -113,6 +113,7 @@ class HubSession(DialectSession):
         self.filters: list[Subscription] = []  # as the shard took them, to re-announce after a restart
         self.loop = asyncio.get_running_loop()
         self.accounts: list[tuple] = []  # (meta, bytes) written this loop turn, accounted together
+        self.pump_scheduled = False  # a pump after this turn's frames are written (see _pump_later)
         self.keepalive = Keepalive(self.config.ping_interval_s, self.config.idle_timeout_s)
 
     # -- from the consumer ----------------------------------------------------------------------
@@ -191,8 +192,23 @@ class HubSession(DialectSession):
         dialect.queued_total += 1
         if dialect.queued_total > self.config.max_queued_total:
             dialect.over_budget()
+        self._pump_later()
 
     def on_drain(self) -> None:
+        self._pump()
+
+    def _pump_later(self) -> None:
+        """Without acknowledgements a frame waits because this turn's unsent frames reached the
+        write bound. A paused socket pumps the queue when it resumes (``on_drain``); but when the
+        kernel takes the turn's write at once the socket never pauses, so the queue is pumped again
+        right after that write (callbacks run in order: the gateway's write was scheduled first)."""
+        if self.with_acknowledge or self.pump_scheduled or self.wire.writing_paused:
+            return
+        self.pump_scheduled = True
+        self.loop.call_soon(self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self.pump_scheduled = False
         self._pump()
 
     def _can_write(self) -> bool:
@@ -206,6 +222,8 @@ class HubSession(DialectSession):
             tail, meta = queue.popleft()
             dialect.queued_total -= 1
             self._write(tail, meta)
+        if queue and not self.closed:
+            self._pump_later()
 
     def _write(self, tail: bytes, meta: tuple | None) -> None:
         """One frame out (the server writes a loop turn's frames together); accounting is grouped."""
