@@ -1,9 +1,10 @@
 """NoLag in ``router bench``: the shared scenarios through ``/ws`` (MessagePack over binary frames,
 API keys), and two of its own.
 
-- ``qos1``: the fan-out at QoS 1 (``S=100 QoS 1``, set against Signal Hub's ``S=100``): every
-  message is logged, carries a ``msgId`` and ``requiresAck``, and the subscribers acknowledge with
-  ``batchAck`` (every ``nolag.ack_every`` messages, and when a connection goes quiet). The same
+- ``qos1``: the fan-out at QoS 1 (rows of scenario ``fanout``, case ``S=100 QoS 1``: set against
+  Signal Hub's ``S=100``): every message is logged, carries a ``msgId`` and ``requiresAck``, and
+  the subscribers acknowledge with ``batchAck`` (every ``nolag.ack_every`` messages, and when a
+  connection goes quiet). The same
   number of deliveries as ``fanout`` (``--deliveries``); S: the ``--subscribers`` values above 1,
   or ``--param nolag.qos1_subscribers=100``.
 - ``groups``: load balancing. ``nolag.members`` subscribers (default 100) in ``nolag.groups``
@@ -33,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import re
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -240,22 +241,31 @@ loadgen.ROLES["nolag-acking"] = AckingSubscribers
 
 # -- scenarios ----------------------------------------------------------------------------------
 
-def _deliveries_row(system: Any, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
-    receivers = [r for r in results if "expected" in r]
-    received, rate = delivery_rate(receivers)
-    expected = sum(r["expected"] for r in receivers)
-    row: dict[str, Any] = {"value": round(rate), "received": received, "expected": expected}
-    notes = []
-    if received < expected:
-        notes.append(f"{expected - received:,} of {expected:,} not received")
-    if any("duplicates" in r for r in receivers):
-        row["duplicates"] = sum(r.get("duplicates", 0) for r in receivers)
-        row["batch_acks"] = sum(r.get("acks", 0) for r in receivers)
-        if row["duplicates"]:
-            notes.append(f"{row['duplicates']:,} redelivered")
-    if notes:
-        row["notes"] = ", ".join(notes)
-    return row
+def _deliveries_row(options: Options) -> Callable[..., dict[str, Any]]:
+    """Deliveries/s over the receivers' window; what was missing, and whether the receivers gave up
+    after ``--idle`` seconds without a frame (the router stalled) or ran out of time."""
+
+    def summarise(system: Any, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
+        receivers = [r for r in results if "expected" in r]
+        received, rate = delivery_rate(receivers)
+        expected = sum(r["expected"] for r in receivers)
+        row: dict[str, Any] = {"value": round(rate), "received": received, "expected": expected}
+        notes = []
+        if received < expected:
+            short = [r for r in receivers if r["received"] < r["expected"]]
+            idle = any(r["last"] and r["last"] - r["first"] < options.timeout - 1 - options.idle_s for r in short)
+            why = f"no frame for {options.idle_s:g} s" if idle else f"not in {options.timeout:g} s"
+            notes.append(f"{expected - received:,} of {expected:,} not received ({why})")
+        if any("duplicates" in r for r in receivers):
+            row["duplicates"] = sum(r.get("duplicates", 0) for r in receivers)
+            row["batch_acks"] = sum(r.get("acks", 0) for r in receivers)
+            if row["duplicates"]:
+                notes.append(f"{row['duplicates']:,} redelivered")
+        if notes:
+            row["notes"] = ", ".join(notes)
+        return row
+
+    return summarise
 
 
 def qos1_cases(options: Options) -> list[Case]:
@@ -279,7 +289,7 @@ def qos1_cases(options: Options) -> list[Case]:
             return out
 
         # Scenario "fanout": its figure is set against Signal Hub's fan-out to as many subscribers.
-        cases.append(Case("fanout", f"S={subscribers} QoS 1", "deliveries/s", jobs, _deliveries_row,
+        cases.append(Case("fanout", f"S={subscribers} QoS 1", "deliveries/s", jobs, _deliveries_row(options),
                           compare=f"S={subscribers}"))
     return cases
 
@@ -306,7 +316,7 @@ def groups_cases(options: Options) -> list[Case]:
                                    "messages": publishes, "window": options.window}))
         return out
 
-    return [Case("groups", f"{members} subs in {groups} groups", "deliveries/s", jobs, _deliveries_row)]
+    return [Case("groups", f"{members} subs in {groups} groups", "deliveries/s", jobs, _deliveries_row(options))]
 
 
 class NolagProfile(Profile):

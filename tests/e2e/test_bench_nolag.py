@@ -1,0 +1,52 @@
+"""`router bench` through NoLag as a user runs it: every scenario of the dialect in one run (the
+shared ones, fan-out at QoS 1 with acknowledgements, load-balance groups), tiny, checked through
+its JSON result file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUTER = str(Path(sys.executable).with_name("router"))
+
+
+def test_router_bench_runs_every_nolag_scenario_with_exact_counts(tmp_path):
+    out = tmp_path / "bench-all-nolag.json"
+    completed = subprocess.run(
+        [ROUTER, "bench", "all", "--dialect", "nolag", "--systems", "router", "--subscribers", "100",
+         "--deliveries", "20000", "--connections", "200", "--latency-seconds", "1", "--rate", "200",
+         "--latency-subscribers", "5", "--churn-seconds", "1", "--param", "nolag.members=50",
+         "--timeout", "30", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=150,
+        env={**os.environ, "ROUTER_RAY_DASHBOARD": "false"},
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    rows = {(row["scenario"], row["case"]): row for row in json.loads(out.read_text())["results"]}
+    assert set(rows) == {
+        ("fanout", "S=100"), ("topics", "100 topics x 10 subs, 10 pubs"), ("latency", "200 msg/s x 5 subs"),
+        ("connections", "200 idle"), ("churn", "50 concurrent"), ("fanout", "S=100 QoS 1"),
+        ("groups", "50 subs in 10 groups"),
+    }
+    assert all(row["dialect"] == "nolag" and row["system"] == "router" for row in rows.values())
+
+    fanout, qos1 = rows["fanout", "S=100"], rows["fanout", "S=100 QoS 1"]
+    groups = rows["groups", "50 subs in 10 groups"]
+    for row in (fanout, qos1, groups, rows["topics", "100 topics x 10 subs, 10 pubs"]):
+        assert row["metric"] == "deliveries/s" and row["value"] > 0, row
+        assert row["received"] == row["expected"] == 20_000, row
+        # the gateway's own count: nothing written to anyone but the receivers, nothing twice
+        assert row["gateway_frames_written"] == 20_000, row
+        assert "notes" not in row, row
+    assert "compare" not in fanout
+    assert qos1["compare"] == "S=100"
+    # each of the 100 subscribers acked its 200 messages in batches of at most 100
+    assert qos1["duplicates"] == 0 and qos1["batch_acks"] >= 100 * 2, qos1
+    latency = rows["latency", "200 msg/s x 5 subs"]
+    assert latency["received"] == latency["expected"] == latency["samples"] == 1_000, latency
+    assert rows["connections", "200 idle"]["open"] == 200
+    churn = rows["churn", "50 concurrent"]
+    assert churn["cycles"] > 0 and churn["errors"] == 0, churn
