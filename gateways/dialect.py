@@ -71,6 +71,10 @@ class Wire(Protocol):
 
     def send_binary(self, payload: bytes) -> bool: ...
 
+    def send_frame(self, frame: bytes, opcode: int, payload: bytes) -> bool:
+        """Write ``frame`` (``gateways.server.frame_header`` + ``payload``), built once and shared by
+        every recipient of a fan-out."""
+
     def close(self, code: int = 1000, reason: str = "") -> None: ...
 
     def ping(self) -> None:

@@ -90,6 +90,9 @@ class Gateway:
         self.listeners: list[Listener] = []
         self.started_at = time.time()
         self.delivered = 0
+        # Deliveries of one message that a dialect wrote one connection at a time (its own frames),
+        # accounted as one fan-out group at the end of the loop turn: (meta, bytes, connection ids).
+        self._group: tuple[tuple, int, list[int]] | None = None
         self.undeliverable = 0
         self._sweeper: asyncio.Task | None = None
         self._reading_paused = False
@@ -357,13 +360,30 @@ class Gateway:
                 self._account(meta, len(payload), connection_ids, delivered, failed)
 
     def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
-        """A dialect wrote (or failed to write) one delivery of its own making to one connection."""
+        """A dialect wrote (or failed to write) one delivery of its own making to one connection.
+
+        Written ones of the same message and size in a row (a dialect's fan-out, one recipient at a
+        time) become one group, accounted at the end of the loop turn: one metrics update and one
+        event-log record per message, as for the gateway's own fan-out, not one per recipient."""
         if sent:
             self.delivered += 1
-            self._account(meta, nbytes, (connection_id,), 1, None)
+            group = self._group
+            if group is not None and group[0] is meta and group[1] == nbytes:
+                group[2].append(connection_id)
+                return
+            if group is None:
+                self.loop.call_soon(self._account_group)
+            else:
+                self._account(group[0], group[1], tuple(group[2]), len(group[2]), None)
+            self._group = (meta, nbytes, [connection_id])
         else:
             self.undeliverable += 1
             self._account(meta, nbytes, (connection_id,), 0, [connection_id])
+
+    def _account_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            self._account(group[0], group[1], tuple(group[2]), len(group[2]), None)
 
     def account_deliveries(self, meta: tuple, nbytes: int, count: int, connection_id: int, sent: bool) -> None:
         """``count`` messages of one origin written to one connection, ``nbytes`` in all.

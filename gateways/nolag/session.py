@@ -44,6 +44,7 @@ from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from gateways.nolag.config import NolagConfig
 from gateways.nolag.qos import QosWindow
+from gateways.server import frame_header
 from gateways.shardclient import ShardLink
 from router import contract
 from router.contract import now_ms
@@ -53,6 +54,7 @@ from router.ratelimit import TokenBucket
 from router.shardmap import SESSION, TOPIC
 
 logger = logging.getLogger(__name__)
+_BINARY = 0x2  # the WebSocket opcode NoLag's frames go out with
 
 DIALECT = "nolag"
 HEARTBEAT = b""
@@ -87,6 +89,9 @@ class NolagDialect(Dialect):
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
+        # The QoS 0 frame of the message being fanned out: (its event payload, frame, wire frame).
+        # Every recipient of one message gets the same payload object, so it is built once.
+        self.shared_frame: tuple[tuple, bytes, bytes] | None = None
 
     async def key_store(self, call: Callable[[KeyStore], T]) -> T:
         """``call(store)`` in a worker thread, the store opened there on first use.
@@ -623,6 +628,9 @@ class NolagSession(DialectSession):
             sub = self.subs.get(topic)
             if sub is None:
                 return
+            if (qos == 0 or sub.qos == 0) and self.replaying is None and not self.gated:
+                self._write_shared(payload)
+                return
             item = _Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, meta, False)
             if self.replaying is not None:
                 self.replaying.append(item)
@@ -663,6 +671,25 @@ class NolagSession(DialectSession):
         frame = codec.message_packed(topic, packed, msg_id, requires_ack, is_replay, filter_, None, ts_ms)
         sent = self._send(frame)
         window.delivered(topic, msg_id, qos, ts_ms, frame, sent, time.monotonic() if requires_ack else 0.0)
+        if meta is not None:
+            self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
+
+    def _write_shared(self, payload: tuple) -> None:
+        """A QoS 0 delivery (what :meth:`_write` does for one, with nothing to track but the
+        topic's position): the frame is the same for every recipient of the message, so it is
+        built once per message, not per recipient."""
+        topic, packed, msg_id, _, filter_, ts_ms, _, meta = payload
+        dialect = self.dialect
+        shared = dialect.shared_frame
+        if shared is None or shared[0] is not payload:
+            frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
+            shared = dialect.shared_frame = (payload, frame, frame_header(_BINARY, len(frame)) + frame)
+        frame = shared[1]
+        self.last_sent = time.monotonic()
+        sent = self.wire.send_frame(shared[2], _BINARY, frame)
+        positions = self.qos.positions
+        if sent and ts_ms > positions.get(topic, 0):
+            positions[topic] = ts_ms
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
