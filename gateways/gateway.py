@@ -336,6 +336,9 @@ class Gateway:
         connections = self.connections
         for kind, payload, connection_ids, meta in items:
             if kind == DELIVER_EVENT:
+                if len(connection_ids) > 1:
+                    self._fan_out(payload, connection_ids)
+                    continue
                 for connection_id in connection_ids:
                     connection = connections.get(connection_id)
                     if connection is not None and connection.session is not None:
@@ -400,6 +403,32 @@ class Gateway:
         else:
             self.undeliverable += count
             self._account(meta, nbytes // count, ids, 0, list(ids))
+
+    def _fan_out(self, payload: Any, connection_ids: tuple) -> None:
+        """One event for several connections: a dialect whose sessions have ``fan_out`` takes them
+        all in one call (its frame built once, one loop over the recipients); else each session's
+        ``on_event``. One delivery group holds sessions of one dialect."""
+        connections = self.connections
+        sessions = []
+        for connection_id in connection_ids:
+            connection = connections.get(connection_id)
+            if connection is not None and connection.session is not None:
+                sessions.append(connection.session)
+            else:
+                self.undeliverable += 1
+        if not sessions:
+            return
+        fan_out = getattr(sessions[0], "fan_out", None)
+        if fan_out is not None:
+            fan_out(payload, sessions)
+        else:
+            for session in sessions:
+                session.on_event(payload)
+
+    def account_fanout(self, meta: tuple, nbytes: int, connection_ids: list[int]) -> None:
+        """A dialect wrote one message to each of ``connection_ids`` (one frame of ``nbytes``)."""
+        self.delivered += len(connection_ids)
+        self._account(meta, nbytes, tuple(connection_ids), len(connection_ids), None)
 
     def _account(self, meta: tuple, nbytes: int, connection_ids: tuple, delivered: int, failed: list | None) -> None:
         """Metrics and event-log records for one fan-out group."""

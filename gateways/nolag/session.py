@@ -674,6 +674,45 @@ class NolagSession(DialectSession):
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
+    @staticmethod
+    def fan_out(payload: Any, sessions: list) -> None:
+        """One event for several sessions (``Gateway._fan_out``): the QoS 0 ones get the message's
+        one shared frame in a single loop, with one accounting group; any other (a QoS 1 or 2
+        subscriber, a replay or a gated write in progress, presence) goes through ``on_event``."""
+        if type(payload) is not tuple:
+            for session in sessions:
+                session.on_event(payload)
+            return
+        topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
+        shared = written = None
+        now = time.monotonic()
+        for session in sessions:
+            if session.closed:
+                continue
+            sub = session.subs.get(topic) if type(session) is NolagSession else None
+            if sub is None or not (qos == 0 or sub.qos == 0) or session.replaying is not None or session.gated:
+                if sub is not None or type(session) is not NolagSession:
+                    session.on_event(payload)
+                continue
+            if shared is None:
+                dialect = session.dialect
+                shared = dialect.shared_frame
+                if shared is None or shared[0] is not payload:
+                    frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
+                    shared = dialect.shared_frame = (payload, frame, frame_header(_BINARY, len(frame)) + frame)
+                written = []
+            session.last_sent = now
+            wire = session.wire
+            if wire.send_frame(shared[2], _BINARY, shared[1]):
+                positions = session.qos.positions
+                if ts_ms > positions.get(topic, 0):
+                    positions[topic] = ts_ms
+                written.append(wire.id)
+            elif meta is not None:
+                session.gateway.account_delivery(meta, len(shared[1]), wire.id, False)
+        if written and meta is not None:
+            sessions[0].gateway.account_fanout(meta, len(shared[1]), written)
+
     def _write_shared(self, payload: tuple) -> None:
         """A QoS 0 delivery (what :meth:`_write` does for one, with nothing to track but the
         topic's position): the frame is the same for every recipient of the message, so it is
