@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import time
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,15 @@ def _dialects(args: argparse.Namespace) -> list[str]:
     return list(bench_dialects.NAMES) if "all" in wanted else wanted
 
 
+def missing_extras(cases: list[Case]) -> list[str]:
+    """What this run's cases need and cannot import, said as what to install (never a
+    ``ModuleNotFoundError`` in a table cell). The redis baseline's client is checked as it starts
+    (it is skipped with the same kind of message, like a missing ``redis-server``)."""
+    if any(case.metric == "p99_ms" for case in cases) and importlib.util.find_spec("hdrh") is None:
+        return ["the latency cases' HDR histograms need hdrhistogram: pip install -e '.[bench]'"]
+    return []
+
+
 def repeated(cases: list[Case], times: int) -> list[Case]:
     """Each case ``times`` times in a row, named ``<case>, run <k>`` (unchanged when once)."""
     if times <= 1:
@@ -204,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes and _dialects(args) != ["signal"]:
         raise SystemExit("router bench: --nodes measures Signal Hub only")
     cases = repeated(plan_cases(args.scenario, _dialects(args), options), args.repeat)
+    systems = _systems(args)
+    missing = missing_extras(cases)
+    if missing:
+        raise SystemExit("router bench: " + "; ".join(missing))
 
     def progress(message: str) -> None:
         print(f"bench: {message}", flush=True)
@@ -211,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     described, skipped = [], {}
     started = time.monotonic()
-    for system in _systems(args):
+    for system in systems:
         try:
             rows += run_system(system, cases, options, progress)
             described.append(system.describe())

@@ -4,6 +4,7 @@ and memory) and how to stop without leaving a process behind."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -113,6 +114,8 @@ class RedisSystem(_Subprocess):
     dialect = "redis"
 
     def start(self) -> None:
+        if importlib.util.find_spec("redis") is None:
+            raise Unavailable("the redis baseline needs the redis client: pip install -e '.[bench]'")
         binary = shutil.which("redis-server")
         if binary is None:
             raise Unavailable("redis-server is not installed (Debian: apt-get install redis-server); "

@@ -175,3 +175,19 @@ def test_repeated_cases_run_in_a_row_and_compare_run_for_run():
         (None, f"1,000 msg/s x 100 subs, run {k}") for k in (1, 2, 3)]
     assert cases[1].compare == "1,000 msg/s x 100 subs, run 2"
     assert repeated(cases, 1) is cases
+
+
+def test_a_missing_extra_is_named_with_what_to_install(monkeypatch):
+    import importlib.util
+
+    from router.bench import missing_extras, plan_cases
+    from router.bench.scenarios import Options
+    from router.bench.systems import RedisSystem, Unavailable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("hdrh", "redis") else real(name, *a))
+    assert missing_extras(plan_cases("latency", ["signal", "cashu"], Options())) == [
+        "the latency cases' HDR histograms need hdrhistogram: pip install -e '.[bench]'"]
+    assert missing_extras(plan_cases("fanout", ["signal"], Options())) == []
+    with pytest.raises(Unavailable, match=r"redis client: pip install -e '.\[bench\]'"):
+        RedisSystem(None).start()
