@@ -47,7 +47,7 @@ from router.lane import LaneServer
 from router.metrics import ShardMetrics
 from router.postgres import STORE_ERRORS
 from router.proc import tune_gc
-from router.shardmap import GATEWAY_PREFIX, gateway_name, shard_name
+from router.shardmap import GATEWAY_PREFIX, SHARD_SUFFIX, gateway_name, shard_name
 
 logger = logging.getLogger(__name__)
 
@@ -299,8 +299,10 @@ class Shard:
 
     def _lane_closed(self, gateway_id: str) -> None:
         """A gateway's lane closed: if the gateway is gone (its process died, and maybe the router
-        that supervised it too), forget its connections now rather than when their TTLs end."""
-        if gateway_id in self._watched:
+        that supervised it too), forget its connections now rather than when their TTLs end. A
+        shard's lane (Baqend's document shards call query shards over lanes) holds no connection:
+        nothing to watch or forget."""
+        if gateway_id in self._watched or _is_shard(gateway_id):
             return
         self._watched.add(gateway_id)
         threading.Thread(target=self._watch_gateway, args=(gateway_id,), name=f"watch-{gateway_id}",
@@ -325,15 +327,19 @@ class Shard:
             self._watched.discard(gateway_id)
 
     def info(self) -> dict[str, Any]:
-        """What ``router status`` shows: the Ray node it runs on, its lanes (and the kind of each:
-        ``unix`` from a gateway on its node, ``tcp`` from another), its counters and its components'."""
+        """What ``router status`` shows: the Ray node it runs on, its gateways' lanes (and the kind
+        of each: ``unix`` from a gateway on its node, ``tcp`` from another), the shards that call it
+        over lanes, its counters and its components'."""
         with self._lock:
-            lanes = None if self._lane is None else sorted(self._lane.connected())
-            kinds = {} if self._lane is None else self._lane.kinds()
+            callers = {} if self._lane is None else self._lane.kinds()
+            kinds = {caller: kind for caller, kind in callers.items() if not _is_shard(caller)}
+            lanes = None if self._lane is None else sorted(kinds)
+            peers = sorted(caller for caller in callers if _is_shard(caller))
             node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
             return {"name": self.name, "kind": self.kind, "epoch": self.epoch, "pid": os.getpid(), "node": node,
                     "healing": sorted(self._healing), "healed_in": self.healed_in,
                     "batches": self._batches, "commands": self._commands, "lanes": lanes, "lane_kinds": kinds,
+                    "shard_lanes": peers,
                     **self.stats()}
 
     def stats(self) -> dict[str, Any]:
@@ -402,6 +408,12 @@ GATEWAY_CHECKS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 STORE_RETRY_FIRST_S, STORE_RETRY_MAX_S = 0.5, 5.0  # a shard starting while its store is unreachable
 
 _RETRY = CommandError(contract.HEALING, "the shard is healing after a restart; retry")
+
+
+def _is_shard(caller_id: str) -> bool:
+    """Whether a lane's caller is a shard (it says its name, ``kind-shard-i``), not a gateway (whose
+    ids, ``port-index-hex``, never have that part)."""
+    return SHARD_SUFFIX in caller_id
 
 
 def _restarted() -> bool:

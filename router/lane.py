@@ -1,4 +1,4 @@
-"""Lanes: the data plane between gateways and shards.
+"""Lanes: the data plane between gateways and shards (and from shard to shard, for Baqend).
 
 A Ray actor call costs about 0.5 ms of CPU on each side on a 2-core machine and tops out near
 2,000 calls/s per caller (``docs/performance.md``). Batching hides that under load, but at a
@@ -25,9 +25,15 @@ shard → gateway frames are pickled ``(REPLY, results, bundle)`` in batch order
 ``(PUSH, bundle)`` for deliveries that other gateways' batches produced. One stream carries both,
 in order.
 
-This module is plain asyncio: :class:`LaneServer` runs its own event loop in a thread of the
-shard process and calls ``execute(gateway_id, commands)`` for every batch; :class:`LaneClient` is
-a protocol on the gateway's loop.
+Lanes also run from shard to shard: a Baqend document shard hands every batch's writes to every
+query shard and waits until each has applied them (``docs/baqend.md``), and a Ray call each way
+per batch cost more than the matching itself. The calling shard is then just another peer of the
+query shard's :class:`LaneServer` (its shard name where a gateway puts its id; it never gets
+deliveries), and it uses a :class:`BlockingLane`: its batch runs synchronously, holding its lock.
+
+:class:`LaneServer` runs its own asyncio event loop in a thread of the shard process and calls
+``execute(gateway_id, commands)`` for every batch; :class:`LaneClient` is an asyncio protocol on
+the gateway's loop; :class:`BlockingLane` is a blocking socket for a synchronous caller (a shard).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ import ssl
 import struct
 import tempfile
 import threading
+import time
+from collections import deque
 from typing import Any, Callable
 
 from router.proc import new_event_loop
@@ -80,6 +88,20 @@ def _frame(body: bytes) -> bytes:
 def _mac(secret: bytes, side: bytes, shard_nonce: bytes, gateway_nonce: bytes, gateway_id: bytes) -> bytes:
     """One side's proof; the nonces have a fixed length, so the concatenation is unambiguous."""
     return hmac.digest(secret, side + shard_nonce + gateway_nonce + gateway_id, "sha256")
+
+
+def _hello(secret: bytes, gateway_id: bytes, challenge: bytes) -> tuple[tuple[bytes, bytes], bytes]:
+    """The caller's answer to the shard's challenge: both nonces, and the hello frame to send."""
+    if len(challenge) != NONCE_BYTES:
+        raise LaneError("the shard's challenge is malformed")
+    nonces = (challenge, secrets.token_bytes(NONCE_BYTES))
+    return nonces, _frame(nonces[1] + _mac(secret, b"gateway", *nonces, gateway_id) + gateway_id)
+
+
+def _check_proof(secret: bytes, nonces: tuple[bytes, bytes], gateway_id: bytes, proof: bytes) -> None:
+    """Raise unless the shard's last hello frame proves it knows the secret."""
+    if not hmac.compare_digest(proof, _mac(secret, b"shard", *nonces, gateway_id)):
+        raise LaneError("the shard did not prove it knows the lane's secret")
 
 
 class FrameReader:
@@ -390,14 +412,10 @@ class LaneClient(asyncio.Protocol):
     def _handshake(self, body: bytes) -> None:
         """The shard's challenge (answered with our hello), then its proof (the lane opens)."""
         if self._nonces is None:
-            if len(body) != NONCE_BYTES:
-                raise LaneError("the shard's challenge is malformed")
-            self._nonces = (body, secrets.token_bytes(NONCE_BYTES))
-            mac = _mac(self._secret, b"gateway", *self._nonces, self._gateway_id)
-            self.transport.write(_frame(self._nonces[1] + mac + self._gateway_id))
+            self._nonces, hello = _hello(self._secret, self._gateway_id, body)
+            self.transport.write(hello)
             return
-        if not hmac.compare_digest(body, _mac(self._secret, b"shard", *self._nonces, self._gateway_id)):
-            raise LaneError("the shard did not prove it knows the lane's secret")
+        _check_proof(self._secret, self._nonces, self._gateway_id, body)
         ready, self._ready, self._secret = self._ready, None, b""
         self.reader.limit = MAX_FRAME_BYTES
         self.open = True
@@ -474,3 +492,155 @@ async def connect(loop: asyncio.AbstractEventLoop, address: tuple, gateway_id: s
     if not lane.open:
         raise ConnectionError("lane closed as it opened")
     return lane
+
+
+# -- a synchronous caller's side (a shard calling another shard) ---------------------------------
+
+RECEIVE_BYTES = 1 << 16
+
+
+class BlockingLane:
+    """One lane as a synchronous caller uses it: a shard calling another shard in the middle of its
+    own batch, holding its lock, with no event loop to hand a reply to. Plain blocking sockets (a
+    Unix socket, or TLS pinned to the shard's certificate with ``TCP_NODELAY``); the same hello as
+    a gateway's, the caller's id where a gateway puts its own.
+
+    :meth:`send` a batch, then :meth:`receive` its reply. A reply that has not come by its deadline
+    is still owed: the stream is intact (whatever part of a frame was read stays buffered) and the
+    batch may yet run, so the lane stays open and the next :meth:`receive` reads that reply and
+    drops it before the one it wants. Batches thus run in the order they were sent, and a late
+    reply is never taken for a later batch's. Any other error (the shard closed the lane, its
+    process died, a malformed frame, a send that failed or did not complete) closes the lane for
+    good: what is left in the stream is unknown, and the caller opens a new one.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = FrameReader(PREAUTH_FRAME_BYTES)
+        self.owed = 0  # batches sent whose reply has not been read yet
+        self.pushes = 0  # deliveries the shard pushed to this caller (dropped: see receive)
+        self.closed = False
+        self._frames: deque[bytes] = deque()
+
+    @classmethod
+    def connect(cls, address: tuple, caller_id: str, timeout_s: float = HELLO_TIMEOUT_S) -> "BlockingLane":
+        """Open a lane to ``address`` (as ``open_lane`` returned it) and complete the hello within
+        ``timeout_s``; raises :class:`LaneError` if the shard refuses it or does not prove it knows
+        the secret, ``TimeoutError`` or another ``OSError`` if it cannot be reached in time."""
+        deadline = time.monotonic() + timeout_s
+        kind = address[0]
+        if kind == "unix":
+            secret = address[2]
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout_s)
+                sock.connect(address[1])
+            except BaseException:
+                sock.close()
+                raise
+        elif kind == "tcp":
+            secret = address[3]
+            raw = socket.create_connection((address[1], address[2]), timeout=timeout_s)
+            try:
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                raw.settimeout(max(0.001, deadline - time.monotonic()))
+                sock = _pinned(address[4]).wrap_socket(raw)  # the TLS handshake, within that timeout
+            except BaseException:
+                raw.close()
+                raise
+        else:
+            raise ValueError(f"unknown lane address kind {kind!r}")
+        lane = cls(sock)
+        ident = caller_id.encode()
+        try:
+            try:
+                nonces, hello = _hello(secret, ident, lane._next(deadline))
+                lane._write(hello, deadline)
+                _check_proof(secret, nonces, ident, lane._next(deadline))
+            except (ConnectionError, ssl.SSLError) as error:  # a wrong secret: the shard hangs up
+                raise LaneError(f"closed by the shard during the hello ({error})") from error
+        except BaseException:
+            lane.close()
+            raise
+        lane.reader.limit = MAX_FRAME_BYTES
+        return lane
+
+    def send(self, commands: list, deadline: float | None = None) -> None:
+        """Send one batch; :meth:`receive` returns its reply. Raises ``ConnectionError`` if the
+        lane is closed; a send that fails or is not done by ``deadline`` (default
+        :data:`HELLO_TIMEOUT_S` from now) closes it (part of the frame may have gone)."""
+        if self.closed:
+            raise ConnectionError("lane closed")
+        data = encode(commands)  # a batch that cannot be pickled raises here, the lane intact
+        if deadline is None:
+            deadline = time.monotonic() + HELLO_TIMEOUT_S
+        elif deadline <= time.monotonic():
+            raise TimeoutError("no time left to send the batch")  # nothing sent: the lane is intact
+        try:
+            self._write(data, deadline)
+        except BaseException:
+            self.close()
+            raise
+        self.owed += 1
+
+    def receive(self, deadline: float) -> tuple[list, Any]:
+        """``(results, bundle)`` of the last batch sent, by ``deadline`` (``time.monotonic()``).
+        Replies still owed to batches sent before it (whose :meth:`receive` timed out) are read
+        and dropped first. Raises ``TimeoutError`` at the deadline (the lane stays open, the reply
+        owed); any other error closes the lane and raises."""
+        if self.closed:
+            raise ConnectionError("lane closed")
+        if not self.owed:
+            raise ValueError("no batch awaits a reply")
+        try:
+            while True:
+                message = pickle.loads(self._next(deadline))
+                if message[0] == PUSH:
+                    # A shard delivers to gateways; a shard that calls it holds no connection, so
+                    # no component routes a delivery to it and a bundle here has nowhere to go.
+                    # Dropping it keeps the stream in step: the reply is still to come.
+                    self.pushes += 1
+                    logger.warning("lane: a delivery bundle pushed to a shard caller was dropped")
+                    continue
+                self.owed -= 1
+                if not self.owed:
+                    return message[1], message[2]
+        except TimeoutError:
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+    def _write(self, data: bytes, deadline: float) -> None:
+        self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+        self.sock.sendall(data)  # the timeout bounds the whole call
+
+    def _next(self, deadline: float) -> bytes:
+        """The next frame's body (during the hello one small frame at a time, as the limit changes
+        after it); ``TimeoutError`` at the deadline keeps whatever was read."""
+        frames, reader = self._frames, self.reader
+        most = 1 if reader.limit == PREAUTH_FRAME_BYTES else 0
+        data, looked = b"", False
+        while True:
+            if not frames:
+                frames.extend(reader.feed(data, most))  # first: what is already buffered
+            if frames:
+                return frames.popleft()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and looked:
+                raise TimeoutError("no answer from the shard in time")
+            # Past the deadline it still looks once: a caller reading several lanes in turn after
+            # one of them took all the time finds the replies the others sent meanwhile.
+            looked = True
+            self.sock.settimeout(max(remaining, 0.0001))
+            data = self.sock.recv(RECEIVE_BYTES)  # socket timeouts raise TimeoutError
+            if not data:
+                raise ConnectionError("the shard closed the lane")
