@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import unquote
 
@@ -119,9 +119,18 @@ def _decoded(value: Any) -> Any:
 # -- server frames -----------------------------------------------------------------------------------
 
 
-def date_now() -> str:
-    moment = datetime.now(timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text up to the milliseconds
+
+
+def date_now(now_ns: int | None = None) -> str:
+    """The ``date`` of a server frame, ISO 8601 in UTC to the millisecond (every event carries one:
+    the second's text is formatted once a second, not once an event)."""
+    global _second
+    second, millisecond = divmod((time.time_ns() if now_ns is None else now_ns) // 1_000_000, 1000)
+    cached = _second
+    if cached[0] != second:
+        cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
+    return f"{cached[1]}{millisecond:03d}Z"
 
 
 def encode_result(sub_id: str, documents: list, date: str) -> bytes:

@@ -84,3 +84,16 @@ def test_document_and_query_shards_start_only_with_the_dialect():
 
     assert shard_kinds(load_settings()) == ("session", "topic", "registry", "document", "query")
     assert shard_kinds(load_settings(baqend={"enabled": False})) == ("session", "topic", "registry")
+
+
+def test_date_now_is_iso_utc_to_the_millisecond_across_second_boundaries():
+    from datetime import datetime, timezone
+
+    from gateways.baqend.codec import date_now
+
+    for now_ns in (1_700_000_000_999_999_999, 1_700_000_001_000_000_000, 1_700_000_001_000_999_999,
+                   1_700_000_001_001_000_000, 1_600_000_000_123_456_789, 1_700_000_000_999_000_000):
+        moment = datetime.fromtimestamp(now_ns // 1_000_000 / 1000, timezone.utc)
+        assert date_now(now_ns) == moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    assert date_now(1_700_000_001_000_000_000) == "2023-11-14T22:13:21.000Z"
+    assert len(date_now()) == 24 and date_now().endswith("Z")
