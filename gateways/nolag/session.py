@@ -676,42 +676,48 @@ class NolagSession(DialectSession):
 
     @staticmethod
     def fan_out(payload: Any, sessions: list) -> None:
-        """One event for several sessions (``Gateway._fan_out``): the QoS 0 ones get the message's
-        one shared frame in a single loop, with one accounting group; any other (a QoS 1 or 2
-        subscriber, a replay or a gated write in progress, presence) goes through ``on_event``."""
+        """One event for several sessions (``Gateway._fan_out``): the QoS 0 and QoS 1 recipients get
+        one of the message's two frames (without and with ``requiresAck``; every other field is
+        the message's), each built once, in a single loop, with one accounting group per frame; a
+        QoS 1 one is tracked in the recipient's window as :meth:`_write` does. Any other (QoS 2,
+        which is recorded first; a replay or a gated write in progress; presence) goes through
+        ``on_event``."""
         if type(payload) is not tuple:
             for session in sessions:
                 session.on_event(payload)
             return
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
-        shared = written = None
+        frames: dict[bool, tuple[bytes, bytes]] = {}  # requiresAck -> (frame, wire frame)
+        written: dict[bool, list[int]] = {}
         now = time.monotonic()
         for session in sessions:
             if session.closed:
                 continue
             sub = session.subs.get(topic) if type(session) is NolagSession else None
-            if sub is None or not (qos == 0 or sub.qos == 0) or session.replaying is not None or session.gated:
+            level = 0 if sub is None else (qos if qos <= sub.qos else sub.qos)
+            if sub is None or level == 2 or session.replaying is not None or session.gated:
                 if sub is not None or type(session) is not NolagSession:
                     session.on_event(payload)
                 continue
-            if shared is None:
-                dialect = session.dialect
-                shared = dialect.shared_frame
-                if shared is None or shared[0] is not payload:
-                    frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
-                    shared = dialect.shared_frame = (payload, frame, frame_header(_BINARY, len(frame)) + frame)
-                written = []
+            window = session.qos
+            tracked = level == 1 and msg_id is not None
+            if tracked and msg_id in window.unacked:
+                continue  # already out and waiting for its ack (QosWindow.deliverable)
+            built = frames.get(tracked)
+            if built is None:
+                frame = codec.message_packed(topic, packed, msg_id, tracked, False, filter_, None, ts_ms)
+                built = frames[tracked] = (frame, frame_header(_BINARY, len(frame)) + frame)
             session.last_sent = now
             wire = session.wire
-            if wire.send_frame(shared[2], _BINARY, shared[1]):
-                positions = session.qos.positions
-                if ts_ms > positions.get(topic, 0):
-                    positions[topic] = ts_ms
-                written.append(wire.id)
+            sent = wire.send_frame(built[1], _BINARY, built[0])
+            window.delivered(topic, msg_id, level, ts_ms, built[0], sent, now if tracked else 0.0)
+            if sent:
+                written.setdefault(tracked, []).append(wire.id)
             elif meta is not None:
-                session.gateway.account_delivery(meta, len(shared[1]), wire.id, False)
-        if written and meta is not None:
-            sessions[0].gateway.account_fanout(meta, len(shared[1]), written)
+                session.gateway.account_delivery(meta, len(built[0]), wire.id, False)
+        if meta is not None:
+            for tracked, connection_ids in written.items():
+                sessions[0].gateway.account_fanout(meta, len(frames[tracked][0]), connection_ids)
 
     def _write_shared(self, payload: tuple) -> None:
         """A QoS 0 delivery (what :meth:`_write` does for one, with nothing to track but the
