@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test install check-java check-node clean
+.PHONY: serve test install check-java check-node check-redis clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,20 @@ check-node:
 	  echo "Node.js and npm were not found on PATH: the tests that run the real JavaScript SDKs"; \
 	  echo "(cashu-ts, baqend, protobufjs) will fail. Install Node.js 18+ with npm."; }
 
-test: install check-java check-node
+# `router bench` measures Redis pub/sub beside the router (tests/e2e/test_bench.py too): Debian's
+# redis-server, installed here when it is missing and this user may; else the baseline is skipped.
+check-redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server (the Redis baseline of router bench)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null 2>&1 \
+	      || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null 2>&1; } \
+	      || echo "could not install redis-server: router bench skips its Redis baseline"; \
+	  else \
+	    echo "redis-server was not found on PATH: router bench skips its Redis baseline (apt-get install redis-server)"; \
+	  fi; }
+
+test: install check-java check-node check-redis
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:
