@@ -328,16 +328,24 @@ async def _settle(dialect: Dialect, client, messages: int, acknowledged: bool = 
         await client.wait_acks(messages)
 
 
-async def _publish_at_rate(dialect: Dialect, client, name: str, topic: str, messages: int, rate: float) -> int:
-    """A fixed offered rate; each message stamped with its intended send time (no coordinated omission)."""
+async def paced(count: int, rate: float):
+    """``(index, due)`` for ``count`` sends at ``rate``/s, each yielded at its intended send time
+    (``due``, ``time.monotonic_ns``); a late one is yielded at once and keeps its intended time, so
+    a stamp of ``due`` counts the wait a stalled server caused (no coordinated omission)."""
     interval_ns = int(1e9 / rate)
-    sync = dialect.sync()
     start = time.monotonic_ns() + 10_000_000
-    for index in range(messages):
+    for index in range(count):
         due = start + index * interval_ns
         delay = due - time.monotonic_ns()
         if delay > 0:
             await asyncio.sleep(delay / 1e9)
+        yield index, due
+
+
+async def _publish_at_rate(dialect: Dialect, client, name: str, topic: str, messages: int, rate: float) -> int:
+    """A fixed offered rate; each message stamped with its intended send time (no coordinated omission)."""
+    sync = dialect.sync()
+    async for index, due in paced(messages, rate):
         client.send(dialect.publish(name, topic, stamp(due)))
         if sync is not None and (index + 1) % dialect.publish_ack_every == 0:
             client.send(sync)

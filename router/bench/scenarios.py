@@ -70,12 +70,12 @@ class Case:
     compare: str | None = None  # the Signal Hub case its figure is set against (default: the same case)
 
 
-def _split(items: list, parts: int) -> list[list]:
+def split(items: list, parts: int) -> list[list]:
     parts = max(1, min(parts, len(items)))
     return [items[index::parts] for index in range(parts)]
 
 
-def _url(system: System, index: int) -> str:
+def url_of(system: System, index: int) -> str:
     urls = system.urls()
     return urls[index % len(urls)]
 
@@ -102,10 +102,10 @@ def fanout_cases(options: Options) -> list[Case]:
         topic = f"fanout/{subscribers}"
 
         def jobs(system: System, subscribers=subscribers, publishes=publishes, topic=topic):
-            connections = [{"url": _url(system, i), "name": f"bench/s{i}", "topics": [topic]} for i in range(subscribers)]
+            connections = [{"url": url_of(system, i), "name": f"bench/s{i}", "topics": [topic]} for i in range(subscribers)]
             out = [("subscribers", {"connections": group, "expected": len(group) * publishes})
-                   for group in _split(connections, options.procs)]
-            out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/p", "topics": [topic]}],
+                   for group in split(connections, options.procs)]
+            out.append(("publishers", {"connections": [{"url": url_of(system, 0), "name": "bench/p", "topics": [topic]}],
                                        "messages": publishes, "window": options.window}))
             return out
 
@@ -120,17 +120,17 @@ def topics_cases(options: Options) -> list[Case]:
     per_publisher = rounds * options.topics  # each publisher cycles over every topic ``rounds`` times
 
     def jobs(system: System):
-        subscribers = [{"url": _url(system, i), "name": f"bench/s{i}",
+        subscribers = [{"url": url_of(system, i), "name": f"bench/s{i}",
                         "topics": [topics[(i + k * (options.topics // options.topics_per_subscriber)) % options.topics]
                                    for k in range(options.topics_per_subscriber)]}
                        for i in range(options.topic_subscribers)]
         expected_per_topic = per_publisher // options.topics * options.topic_publishers
         out = [("subscribers", {"connections": group, "expected": sum(len(c["topics"]) for c in group) * expected_per_topic})
-               for group in _split(subscribers, options.procs)]
-        publishers = [{"url": _url(system, i), "name": f"bench/p{i}", "topics": topics[i:] + topics[:i]}
+               for group in split(subscribers, options.procs)]
+        publishers = [{"url": url_of(system, i), "name": f"bench/p{i}", "topics": topics[i:] + topics[:i]}
                       for i in range(options.topic_publishers)]
         out += [("publishers", {"connections": group, "messages": per_publisher, "window": options.window})
-                for group in _split(publishers, options.procs)]
+                for group in split(publishers, options.procs)]
         return out
 
     case = f"{options.topics} topics x {per_topic} subs, {options.topic_publishers} pubs"
@@ -141,13 +141,13 @@ def p2p_cases(options: Options) -> list[Case]:
     per_sender = max(1, options.p2p_messages // options.pairs)
 
     def jobs(system: System):
-        receivers = [{"url": _url(system, i), "name": f"bench/r{i}", "register": True} for i in range(options.pairs)]
-        senders = [{"url": _url(system, i + 1), "name": f"bench/q{i}", "target": f"bench/r{i}"}
+        receivers = [{"url": url_of(system, i), "name": f"bench/r{i}", "register": True} for i in range(options.pairs)]
+        senders = [{"url": url_of(system, i + 1), "name": f"bench/q{i}", "target": f"bench/r{i}"}
                    for i in range(options.pairs)]
         out = [("subscribers", {"connections": group, "expected": len(group) * per_sender})
-               for group in _split(receivers, options.procs)]
+               for group in split(receivers, options.procs)]
         out += [("publishers", {"connections": group, "messages": per_sender, "window": options.window})
-                for group in _split(senders, options.procs)]
+                for group in split(senders, options.procs)]
         return out
 
     return [Case("p2p", f"{options.pairs} pairs", "messages/s", jobs, _rate_row("messages/s"))]
@@ -159,11 +159,11 @@ def latency_cases(options: Options) -> list[Case]:
     messages = int(options.rate * options.latency_seconds)
 
     def jobs(system: System):
-        connections = [{"url": _url(system, i), "name": f"bench/l{i}", "topics": ["latency"]}
+        connections = [{"url": url_of(system, i), "name": f"bench/l{i}", "topics": ["latency"]}
                        for i in range(options.latency_subscribers)]
         out = [("subscribers", {"connections": group, "expected": len(group) * messages, "latency": True})
-               for group in _split(connections, options.procs)]
-        out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/lp", "topics": ["latency"]}],
+               for group in split(connections, options.procs)]
+        out.append(("publishers", {"connections": [{"url": url_of(system, 0), "name": "bench/lp", "topics": ["latency"]}],
                                    "messages": messages, "rate": options.rate, "window": options.window}))
         return out
 
@@ -189,8 +189,8 @@ def connections_cases(options: Options) -> list[Case]:
     count = options.connections
 
     def jobs(system: System):
-        connections = [{"url": _url(system, i), "name": f"bench/i{i}"} for i in range(count)]
-        return [("idle", {"connections": group, "concurrency": 50}) for group in _split(connections, options.procs)]
+        connections = [{"url": url_of(system, i), "name": f"bench/i{i}"} for i in range(count)]
+        return [("idle", {"connections": group, "concurrency": 50}) for group in split(connections, options.procs)]
 
     def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
         opened = sum(r.get("open", 0) for r in results)

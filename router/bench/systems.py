@@ -60,7 +60,7 @@ class System:
         """Before a case: let background work left by the previous case finish (nothing by default)."""
 
 
-class _Subprocess(System):
+class SubprocessSystem(System):
     def __init__(self, cpu: int | None) -> None:
         self.cpu = cpu
         self.process: subprocess.Popen | None = None
@@ -87,7 +87,7 @@ class _Subprocess(System):
         return {"system": self.name, "pinned_cpu": self.cpu}
 
 
-class RawSystem(_Subprocess):
+class RawSystem(SubprocessSystem):
     """``benchmarks/raw_server.py``: plain websockets with ``broadcast()``, one process."""
 
     name = "raw"
@@ -107,7 +107,7 @@ class RawSystem(_Subprocess):
         return [f"ws://127.0.0.1:{self.port}/"]
 
 
-class RedisSystem(_Subprocess):
+class RedisSystem(SubprocessSystem):
     """Debian's ``redis-server`` on loopback, no persistence; driven over RESP."""
 
     name = "redis"

@@ -207,10 +207,12 @@ class _Stream(asyncio.Protocol):
 
 
 class WsClient(_Stream):
-    """A WebSocket client connection (RFC 6455), text frames only."""
+    """A WebSocket client connection (RFC 6455); it sends text frames, or binary ones with
+    ``opcode`` 0x2 (a dialect whose frames are not UTF-8: MessagePack, protobuf)."""
 
-    def __init__(self, host: str, port: int, path: str, tally: Tally | None = None) -> None:
+    def __init__(self, host: str, port: int, path: str, tally: Tally | None = None, opcode: int = 0x1) -> None:
         super().__init__(tally)
+        self.opcode = opcode
         self.request = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                         f"Connection: Upgrade\r\nSec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
                         "Sec-WebSocket-Version: 13\r\n\r\n").encode()
@@ -276,8 +278,8 @@ class WsClient(_Stream):
             else:
                 self._counted(data_frames)
 
-    def send(self, text: bytes) -> None:
-        self.transport.write(client_frame(text))
+    def send(self, payload: bytes) -> None:
+        self.transport.write(client_frame(payload, self.opcode))
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -285,11 +287,11 @@ class WsClient(_Stream):
             self.transport.close()
 
 
-async def open_ws(url: str, tally: Tally | None = None, timeout: float = 30) -> WsClient:
+async def open_ws(url: str, tally: Tally | None = None, timeout: float = 30, opcode: int = 0x1) -> WsClient:
     host, port, path = split_url(url)
     loop = asyncio.get_running_loop()
     _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: WsClient(host, port, path, tally), host, port), timeout)
+        loop.create_connection(lambda: WsClient(host, port, path, tally, opcode), host, port), timeout)
     await asyncio.wait_for(client.upgraded, timeout)
     return client
 

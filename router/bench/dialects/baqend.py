@@ -43,7 +43,7 @@ import psutil
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
 from router.bench.report import merged_histogram, percentiles_ms
-from router.bench.scenarios import Case, Options, _split, _url
+from router.bench.scenarios import Case, Options, split, url_of
 from router.bench.wire import COUNT, HANDLE, Tally, WsClient, stamp
 
 SORTED_LIMIT = 10  # the window of the sorted queries
@@ -114,11 +114,11 @@ class Layout:
 
     def receivers(self, system: Any, writes: int, procs: int, latency: bool,
                   pids: dict[str, list[int]]) -> list[tuple[str, dict[str, Any]]]:
-        connections = [{"url": _url(system, index),
+        connections = [{"url": url_of(system, index),
                         "queries": [[query, self.group(query), self.is_sorted(query)] for query in self.held_by(index)]}
                        for index in range(self.connections)]
         out = []
-        for group in _split(connections, procs):
+        for group in split(connections, procs):
             held = [query for entry in group for query, _, _ in entry["queries"]]
             if latency:  # only add/insert counts: each write once per query it matches
                 expected = sum(self.writes_to(self.group(query), writes) for query in held)
@@ -440,13 +440,7 @@ class RestWriter:
                 RestWriter.write(state, connections[w % len(connections)], w)
             state["next"] = first
         else:
-            interval_ns = int(1e9 / spec["rate"])
-            start = time.monotonic_ns() + 10_000_000
-            for w in range(writes):
-                due = start + w * interval_ns
-                delay = due - time.monotonic_ns()
-                if delay > 0:
-                    await asyncio.sleep(delay / 1e9)
+            async for w, due in loadgen.paced(writes, spec["rate"]):
                 RestWriter.write(state, connections[w % len(connections)], w, stamp(due))
             state["next"] = writes
         try:  # bounded: what was not answered in time is reported, not waited for

@@ -72,8 +72,8 @@ import orjson
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
 from router.bench.report import delivery_rate, merged_histogram, percentiles_ms
-from router.bench.scenarios import Case, Options, _split
-from router.bench.systems import System, Unavailable, _Subprocess
+from router.bench.scenarios import Case, Options, split
+from router.bench.systems import System, Unavailable, SubprocessSystem
 from router.bench.wire import HANDLE, WsClient, split_url, stamp
 from router.proc import free_port
 
@@ -243,7 +243,6 @@ class Pusher:
         """One state per request, quote ``i % len(quotes)``, stamped with its intended send time
         (a push that waits for a free connection is late by that much: no coordinated omission)."""
         quotes, messages, base, key = spec["quotes"], spec["messages"], spec["http"][0], spec["api_key"]
-        interval_ns = int(1e9 / spec["rate"])
         free: asyncio.Queue[HttpConnection] = asyncio.Queue()
         for connection in connections:
             free.put_nowait(connection)
@@ -260,12 +259,7 @@ class Pusher:
                 free.put_nowait(connection)
 
         tasks = []
-        start = time.monotonic_ns() + 10_000_000
-        for index in range(messages):
-            due = start + index * interval_ns
-            delay = due - time.monotonic_ns()
-            if delay > 0:
-                await asyncio.sleep(delay / 1e9)
+        async for index, due in loadgen.paced(messages, spec["rate"]):
             body = orjson.dumps({"kind": KIND, "payload": quote_state(quotes[index % len(quotes)], stamp(due))})
             connection = await free.get()
             tasks.append(asyncio.ensure_future(push(connection, http_request("POST", base, FEED_PATH, body, key))))
@@ -392,7 +386,7 @@ def notify_cases(options: Options) -> list[Case]:
                    for c, indexes in enumerate(layout)]
         out = [(role, {"connections": group, "expected": sum(len(w["topics"]) for w in group) * states,
                        "initial": True})
-               for group in _split(wallets, options.procs)]
+               for group in split(wallets, options.procs)]
         config = system.client_config()
         out.append(("cashu_pusher", {**pusher, "http": config["http"], "api_key": config.get("api_key"),
                                      "concurrency": concurrency}))
@@ -442,7 +436,7 @@ def latency_cases(options: Options) -> list[Case]:
                    for c, indexes in enumerate(layout)]
         out = [("subscribers", {"connections": group, "expected": sum(w["expected"] for w in group),
                                 "initial": True, "latency": True})
-               for group in _split(wallets, options.procs)]
+               for group in split(wallets, options.procs)]
         config = system.client_config()
         out.append(("cashu_pusher", {"mode": "feed", "quotes": quotes, "messages": messages, "rate": options.rate,
                                      "http": config["http"], "api_key": config["api_key"], "concurrency": concurrency}))
@@ -504,7 +498,7 @@ def _nutshell_command() -> list[str]:
         f"and set {NUTSHELL_ENV}=/opt/nutshell/bin/mint")
 
 
-class NutshellSystem(_Subprocess):
+class NutshellSystem(SubprocessSystem):
     """Nutshell, the reference Cashu mint, with FakeWallet, SQLite and no rate limit, on loopback;
     see the module docstring for how its states are driven and what it runs."""
 

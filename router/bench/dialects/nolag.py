@@ -45,8 +45,8 @@ from router.bench import loadgen
 from router.bench.dialects import Profile, register
 from router.bench.loadgen import PAYLOAD_BYTES, Dialect, Subscribers
 from router.bench.report import delivery_rate
-from router.bench.scenarios import Case, Options, _split, _url
-from router.bench.wire import HANDLE, STAMP, Tally, WsClient, client_frame, split_url
+from router.bench.scenarios import Case, Options, split, url_of
+from router.bench.wire import HANDLE, STAMP, Tally, WsClient, open_ws
 
 KEYS = 1000  # API keys made for a benchmark router; connection i uses key i mod KEYS
 RATE_LIMIT_PER_S = 1_000_000_000  # per connection: out of the way
@@ -103,22 +103,6 @@ def padded(topic: str, body: str) -> str:
 
 
 # -- the load generators' side ----------------------------------------------------------------
-
-class BinaryWsClient(WsClient):
-    """NoLag speaks binary frames only: a text frame must be UTF-8, and MessagePack is not."""
-
-    def send(self, payload: bytes) -> None:
-        self.transport.write(client_frame(payload, 0x2))
-
-
-async def open_binary_ws(url: str, tally: Tally | None = None, timeout: float = 30) -> BinaryWsClient:
-    host, port, path = split_url(url)
-    loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: BinaryWsClient(host, port, path, tally), host, port), timeout)
-    await asyncio.wait_for(client.upgraded, timeout)
-    return client
-
 
 class _Acker:
     """A QoS 1 receiver's handler (``HANDLE`` mode): reads each message's ``msgId`` (found in the
@@ -182,8 +166,8 @@ class NolagClientDialect(Dialect):
         self.duplicates = 0
         self.acks = 0
 
-    async def open(self, url: str, tally: Tally | None = None) -> BinaryWsClient:
-        return await open_binary_ws(url, tally)
+    async def open(self, url: str, tally: Tally | None = None) -> WsClient:
+        return await open_ws(url, tally, opcode=0x2)  # MessagePack is not UTF-8: binary frames
 
     async def _auth(self, client: WsClient, name: str) -> None:
         token = self.tokens[key_index(name, len(self.tokens))]
@@ -282,12 +266,12 @@ def qos1_cases(options: Options) -> list[Case]:
         topic = f"qos1/{subscribers}"
 
         def jobs(system: Any, subscribers: int = subscribers, publishes: int = publishes, topic: str = topic):
-            connections = [{"url": _url(system, i), "name": f"bench/s{i}", "topics": [topic]}
+            connections = [{"url": url_of(system, i), "name": f"bench/s{i}", "topics": [topic]}
                            for i in range(subscribers)]
             out = [("nolag-acking", {"connections": group, "expected": len(group) * publishes, "qos": 1,
                                      "ack_every": ack_every})
-                   for group in _split(connections, options.procs)]
-            out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/p", "topics": [topic]}],
+                   for group in split(connections, options.procs)]
+            out.append(("publishers", {"connections": [{"url": url_of(system, 0), "name": "bench/p", "topics": [topic]}],
                                        "messages": publishes, "window": options.window, "qos": 1}))
             return out
 
@@ -310,12 +294,12 @@ def groups_cases(options: Options) -> list[Case]:
         # a group's turns fall among its members.
         names = [f"g{g}" for g in range(groups)]
         out = []
-        for part in _split(names, options.procs):
-            connections = [{"url": _url(system, i), "name": f"bench/s{i}", "topics": ["groups"],
+        for part in split(names, options.procs):
+            connections = [{"url": url_of(system, i), "name": f"bench/s{i}", "topics": ["groups"],
                             "group": names[i % groups]}
                            for i in range(members) if names[i % groups] in part]
             out.append(("subscribers", {"connections": connections, "expected": len(part) * publishes}))
-        out.append(("publishers", {"connections": [{"url": _url(system, 0), "name": "bench/p", "topics": ["groups"]}],
+        out.append(("publishers", {"connections": [{"url": url_of(system, 0), "name": "bench/p", "topics": ["groups"]}],
                                    "messages": publishes, "window": options.window}))
         return out
 
