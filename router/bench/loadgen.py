@@ -203,11 +203,22 @@ def _run_worker(role, spec: dict[str, Any], ready, go, results) -> None:
     results.put({"worker": spec["worker"], "role": role.__name__, **result})
 
 
-async def _gather_bounded(factories, concurrency: int) -> list:
+async def gather_bounded(factories, concurrency: int = 50) -> list:
+    """At most ``concurrency`` set-ups at a time (a burst of upgrades is not what is measured)."""
     out: list = []
     for start in range(0, len(factories), concurrency):
         out.extend(await asyncio.gather(*(factory() for factory in factories[start:start + concurrency])))
     return out
+
+
+def new_tally(spec: dict[str, Any]) -> Tally:
+    """The receivers' shared count; with an HDR histogram when the case measures latency."""
+    histogram = None
+    if spec.get("latency"):
+        from hdrh.histogram import HdrHistogram
+
+        histogram = HdrHistogram(1, 60_000_000, 3)
+    return Tally(histogram)
 
 
 class Subscribers:
@@ -216,12 +227,8 @@ class Subscribers:
 
     @staticmethod
     async def setup(dialect: Dialect, spec: dict[str, Any]) -> dict[str, Any]:
-        histogram = None
-        if spec.get("latency"):
-            from hdrh.histogram import HdrHistogram
-
-            histogram = HdrHistogram(1, 60_000_000, 3)
-        tally = Tally(histogram)
+        tally = new_tally(spec)
+        histogram = tally.histogram
 
         async def one(entry: dict[str, Any]):
             client = await dialect.open(entry["url"], tally)
@@ -232,7 +239,7 @@ class Subscribers:
             dialect.listen(client, LATENCY if histogram is not None else COUNT)
             return client
 
-        clients = await _gather_bounded([lambda e=e: one(e) for e in spec["connections"]], 50)
+        clients = await gather_bounded([lambda e=e: one(e) for e in spec["connections"]], 50)
         return {"clients": clients, "tally": tally}
 
     @staticmethod
@@ -267,7 +274,7 @@ class Publishers:
             dialect.listen(client, COUNT)
             return client
 
-        clients = await _gather_bounded([lambda e=e: one(e) for e in spec["connections"]], 50)
+        clients = await gather_bounded([lambda e=e: one(e) for e in spec["connections"]], 50)
         return {"clients": clients}
 
     @staticmethod
@@ -364,7 +371,7 @@ class Idle:
             await dialect.hello(client, entry["name"])
             return client
 
-        clients = await _gather_bounded([lambda e=e: one(e) for e in spec["connections"]], spec.get("concurrency", 50))
+        clients = await gather_bounded([lambda e=e: one(e) for e in spec["connections"]], spec.get("concurrency", 50))
         return {"clients": clients}
 
     @staticmethod

@@ -168,19 +168,25 @@ def latency_cases(options: Options) -> list[Case]:
         return out
 
     def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
-        receivers = [r for r in results if r["role"] == "Subscribers"]
-        histogram = merged_histogram(r["histogram"] for r in receivers if r.get("histogram"))
-        figures = percentiles_ms(histogram)
-        expected = sum(r["expected"] for r in receivers)
-        row = {"value": figures["p99_ms"], **figures, "received": sum(r["received"] for r in receivers),
-               "expected": expected}
-        row["notes"] = f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"
-        if row["received"] < expected:
-            row["notes"] += f"; {expected - row['received']:,} not received"
-        return row
+        return latency_row([r for r in results if r["role"] == "Subscribers"])
 
     case = f"{options.rate:,.0f} msg/s x {options.latency_subscribers} subs"
     return [Case("latency", case, "p99_ms", jobs, summarise)]
+
+
+def latency_row(receivers: list[dict[str, Any]], shortfall: bool = True) -> dict[str, Any]:
+    """A latency case's row from its receivers' results: p99 as the value (none without samples),
+    the percentiles, received against expected, and notes (p50, p99.9, and with ``shortfall`` how
+    many did not arrive). A dialect's case adds its own fields and notes."""
+    figures = percentiles_ms(merged_histogram(r["histogram"] for r in receivers if r.get("histogram")))
+    received = sum(r["received"] for r in receivers)
+    expected = sum(r["expected"] for r in receivers)
+    row = {"value": figures["p99_ms"] if figures["samples"] else None, **figures,
+           "received": received, "expected": expected,
+           "notes": f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"}
+    if shortfall and received < expected:
+        row["notes"] += f"; {expected - received:,} not received"
+    return row
 
 
 # -- connections and churn ---------------------------------------------------------------------

@@ -208,14 +208,16 @@ class _Stream(asyncio.Protocol):
 
 class WsClient(_Stream):
     """A WebSocket client connection (RFC 6455); it sends text frames, or binary ones with
-    ``opcode`` 0x2 (a dialect whose frames are not UTF-8: MessagePack, protobuf)."""
+    ``opcode`` 0x2 (a dialect whose frames are not UTF-8: MessagePack, protobuf). ``headers`` are
+    extra request header lines, each ending in CRLF (e.g. a bearer token)."""
 
-    def __init__(self, host: str, port: int, path: str, tally: Tally | None = None, opcode: int = 0x1) -> None:
+    def __init__(self, host: str, port: int, path: str, tally: Tally | None = None, opcode: int = 0x1,
+                 headers: str = "") -> None:
         super().__init__(tally)
         self.opcode = opcode
         self.request = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                         f"Connection: Upgrade\r\nSec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
-                        "Sec-WebSocket-Version: 13\r\n\r\n").encode()
+                        f"Sec-WebSocket-Version: 13\r\n{headers}\r\n").encode()
         self.upgraded = asyncio.get_running_loop().create_future()
         self.buffer = bytearray()
         self._open = False
@@ -287,11 +289,13 @@ class WsClient(_Stream):
             self.transport.close()
 
 
-async def open_ws(url: str, tally: Tally | None = None, timeout: float = 30, opcode: int = 0x1) -> WsClient:
+async def open_ws(url: str, tally: Tally | None = None, timeout: float = 30, opcode: int = 0x1, headers: str = "",
+                  client_class: type[WsClient] = WsClient) -> Any:
+    """A connected, upgraded ``client_class`` (a dialect's own ``WsClient`` subclass, or the plain one)."""
     host, port, path = split_url(url)
     loop = asyncio.get_running_loop()
     _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: WsClient(host, port, path, tally, opcode), host, port), timeout)
+        loop.create_connection(lambda: client_class(host, port, path, tally, opcode, headers), host, port), timeout)
     await asyncio.wait_for(client.upgraded, timeout)
     return client
 

@@ -42,9 +42,8 @@ import psutil
 
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
-from router.bench.report import merged_histogram, percentiles_ms
-from router.bench.scenarios import Case, Options, split, url_of
-from router.bench.wire import COUNT, HANDLE, Tally, WsClient, stamp
+from router.bench.scenarios import Case, Options, latency_row, split, url_of
+from router.bench.wire import COUNT, HANDLE, WsClient, stamp
 
 SORTED_LIMIT = 10  # the window of the sorted queries
 CHURN_BUCKET = "Churn"
@@ -241,14 +240,9 @@ def latency_cases(options: Options) -> list[Case]:
     def summarise(system: Any, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
         writer = _role(results, "RestWriter")[0]
         receivers = _role(results, "QueryReceivers")
-        figures = percentiles_ms(merged_histogram(r["histogram"] for r in receivers if r.get("histogram")))
-        received = sum(r["received"] for r in receivers)
-        expected = sum(r["expected"] for r in receivers)
-        row = {"value": figures["p99_ms"] if figures["samples"] else None, **figures, "received": received,
-               "expected": expected,
-               "writes": writer["answered"], "queries": queries, "offered_writes_per_s": rate}
-        notes = [f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"]
-        row["notes"] = ", ".join(notes + _shortfall(received, expected, writer, options.idle_s))
+        row = latency_row(receivers, shortfall=False)
+        row.update(writes=writer["answered"], queries=queries, offered_writes_per_s=rate)
+        row["notes"] = ", ".join([row["notes"], *_shortfall(row["received"], row["expected"], writer, options.idle_s)])
         return row
 
     case = f"{rate:,.0f} writes/s x {queries:,} queries"
@@ -300,19 +294,15 @@ def _cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
-class QueryReceivers:
+class QueryReceivers(loadgen.Subscribers):
     """Connections holding real-time queries; they count the match frames (``COUNT``), or, for
     latency, each ``add/insert`` and its write's send time (``HANDLE``). They stop at ``expected``,
     an idle gap after the first frame, or the time bound; then they read the router's CPU."""
 
     @staticmethod
     async def setup(dialect: loadgen.Dialect, spec: dict[str, Any]) -> dict[str, Any]:
-        histogram = None
-        if spec["latency"]:
-            from hdrh.histogram import HdrHistogram
-
-            histogram = HdrHistogram(1, 60_000_000, 3)
-        tally = Tally(histogram)
+        tally = loadgen.new_tally(spec)
+        histogram = tally.histogram
 
         def record(payload: bytes) -> int:
             if INSERT not in payload:
@@ -338,11 +328,6 @@ class QueryReceivers:
         result = await loadgen.Subscribers.run(dialect, spec, state)
         result.update(finished=time.monotonic(), cpu=_cpu_seconds(spec["pids"]))
         return result
-
-    @staticmethod
-    def close(state: dict[str, Any]) -> None:
-        for client in state["clients"]:
-            client.close()
 
 
 class RestConnection(asyncio.Protocol):

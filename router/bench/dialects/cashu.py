@@ -71,8 +71,8 @@ import orjson
 
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
-from router.bench.report import delivery_rate, merged_histogram, percentiles_ms
-from router.bench.scenarios import Case, Options, split
+from router.bench.report import delivery_rate
+from router.bench.scenarios import Case, Options, latency_row, split
 from router.bench.systems import System, Unavailable, SubprocessSystem
 from router.bench.wire import HANDLE, WsClient, split_url, stamp
 from router.proc import free_port
@@ -443,16 +443,8 @@ def latency_cases(options: Options) -> list[Case]:
         return out
 
     def summarise(system: System, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
-        receivers = [r for r in results if r["role"] == "Subscribers"]
-        histogram = merged_histogram(r["histogram"] for r in receivers if r.get("histogram"))
-        figures = percentiles_ms(histogram)
-        expected = sum(r["expected"] for r in receivers)
-        received = sum(r["received"] for r in receivers)
-        row = {"value": figures["p99_ms"], **figures, "received": received, "expected": expected,
-               "states_pushed": sum(r.get("sent", 0) for r in results if r["role"] == "Pusher")}
-        row["notes"] = f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms"
-        if received < expected:
-            row["notes"] += f"; {expected - received:,} not received"
+        row = latency_row([r for r in results if r["role"] == "Subscribers"])
+        row["states_pushed"] = sum(r.get("sent", 0) for r in results if r["role"] == "Pusher")
         return row
 
     case = f"{options.rate:,.0f} states/s x {sum(len(indexes) for indexes in layout):,} subs"

@@ -40,9 +40,8 @@ from typing import Any
 from gateways.mx import codec
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
-from router.bench.report import merged_histogram, percentiles_ms
-from router.bench.scenarios import Case, Options
-from router.bench.wire import Tally, WsClient, client_frame, split_url
+from router.bench.scenarios import Case, Options, latency_row
+from router.bench.wire import Tally, WsClient, client_frame, open_ws
 
 CONSUMERS = 100
 BLOCKS = 600
@@ -174,10 +173,8 @@ class MxClient(WsClient):
     ``finalized_events`` frame of a run, by its topic bytes near the frame's start. A close frame
     from the router is kept (code, reason): it says why a consumer was shed."""
 
-    def __init__(self, host: str, port: int, path: str, tally: Tally | None = None, headers: str = "") -> None:
-        super().__init__(host, port, path, tally)
-        if headers:
-            self.request = self.request[:-2] + headers.encode() + b"\r\n"
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.frames = 0
         self.ended = 0.0  # when the end marker came
         self.latencies: list[int] | None = None  # the latency case: push → frame, microseconds
@@ -235,22 +232,14 @@ class MxClient(WsClient):
         self.close_reason = payload[2:].decode(errors="replace")
         self.transport.close()
 
-    def send_binary(self, payload: bytes) -> None:
-        """The hub and the ingest are binary-only (the shared client sends text)."""
-        self.transport.write(client_frame(payload, 0x2))
-
     @property
     def done(self) -> bool:
         return bool(self.ended) or self.closed.done()
 
 
-async def open_client(url: str, tally: Tally | None = None, headers: str = "", timeout: float = 30) -> MxClient:
-    host, port, path = split_url(url)
-    loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: MxClient(host, port, path, tally, headers), host, port), timeout)
-    await asyncio.wait_for(client.upgraded, timeout)
-    return client
+async def open_client(url: str, tally: Tally | None = None, headers: str = "") -> MxClient:
+    """The hub and the ingest are binary-only: the client sends binary frames."""
+    return await open_ws(url, tally, opcode=0x2, headers=headers, client_class=MxClient)
 
 
 async def subscribe(client: MxClient, filters: list[Filter]) -> None:
@@ -259,19 +248,11 @@ async def subscribe(client: MxClient, filters: list[Filter]) -> None:
 
     for counter, selector in enumerate(filters, start=1):
         payload = codec.subscribe_payload(selector.level, selector.address, selector.identifier, selector.topics)
-        client.send_binary(codec.payload_frame(counter, codec.SUBSCRIBE_TOPIC, payload, True))
+        client.send(codec.payload_frame(counter, codec.SUBSCRIBE_TOPIC, payload, True))
     for counter, reply in enumerate(await client.messages(len(filters)), start=1):
         ack = mx_hub_pb2.WsMessage.FromString(reply)
         if ack.type != codec.ACK or ack.counter != counter:
             raise RuntimeError(f"subscribe {counter} not acknowledged: {ack}")
-
-
-async def _bounded(factories: list[Any], concurrency: int = 50) -> list[Any]:
-    """At most ``concurrency`` set-ups at a time (a burst of upgrades is not what is measured)."""
-    out: list[Any] = []
-    for start in range(0, len(factories), concurrency):
-        out.extend(await asyncio.gather(*(factory() for factory in factories[start:start + concurrency])))
-    return out
 
 
 def _address(name: str) -> str:
@@ -296,18 +277,14 @@ class MxDialect(loadgen.Dialect):
         await subscribe(client, [Filter("Identifier", identifier=topic) for topic in topics])
 
 
-class MxConsumers:
+class MxConsumers(loadgen.Subscribers):
     """Consumers of the ingest and latency cases: each subscribes (one filter), then counts until
     every one has the end marker or was closed, nothing arrived for ``stall_s``, or the time bound."""
 
     @staticmethod
     async def setup(dialect: loadgen.Dialect, spec: dict[str, Any]) -> dict[str, Any]:
-        histogram = None
-        if spec.get("latency"):
-            from hdrh.histogram import HdrHistogram
-
-            histogram = HdrHistogram(1, 60_000_000, 3)
-        tally = Tally(histogram)
+        tally = loadgen.new_tally(spec)
+        histogram = tally.histogram
 
         async def one(entry: dict[str, Any]) -> MxClient:
             client = await open_client(entry["url"], tally)
@@ -317,7 +294,7 @@ class MxConsumers:
             client.mode = COUNTING
             return client
 
-        clients = await _bounded([lambda e=e: one(e) for e in spec["connections"]])
+        clients = await loadgen.gather_bounded([lambda e=e: one(e) for e in spec["connections"]])
         return {"clients": clients, "tally": tally}
 
     @staticmethod
@@ -346,11 +323,6 @@ class MxConsumers:
         if tally.histogram is not None:
             result["histogram"] = tally.histogram_now().encode()
         return result
-
-    @staticmethod
-    def close(state: dict[str, Any]) -> None:
-        for client in state["clients"]:
-            client.close()
 
 
 # -- load-generator side: the node -------------------------------------------------------------
@@ -430,7 +402,7 @@ class MxNode:
                 counter += 1
                 mine.add(counter)
                 resends += attempt > 0
-                client.send_binary(node.encode_node_frame(topic, payload, counter))
+                client.send(node.encode_node_frame(topic, payload, counter))
                 due = min(time.monotonic() + ack_timeout, deadline)
                 try:
                     while not acknowledged:
@@ -559,11 +531,10 @@ def latency_cases(options: Options) -> list[Case]:
 
     def summarise(system: Any, results: list[dict[str, Any]], measured: dict[str, Any]) -> dict[str, Any]:
         row = ingest_row(run.work, run.consumers, results)
-        receivers = [r for r in results if r["role"] == MxConsumers.__name__]
-        figures = percentiles_ms(merged_histogram(r["histogram"] for r in receivers))
-        row.update(value=figures["p99_ms"] if row["complete"] else None, events_per_s=row["value"], **figures)
-        row["notes"] = (f"p50 {figures['p50_ms']:.2f} ms, p99.9 {figures['p99.9_ms']:.2f} ms, "
-                        f"{figures['samples']:,} samples; " + row["notes"])
+        latency = latency_row([r for r in results if r["role"] == MxConsumers.__name__], shortfall=False)
+        figures = {key: value for key, value in latency.items() if key.endswith("_ms") or key == "samples"}
+        row.update(value=latency["value"] if row["complete"] else None, events_per_s=row["value"], **figures)
+        row["notes"] = f"{latency['notes']}, {latency['samples']:,} samples; " + row["notes"]
         return row
 
     case = f"{rate:g} blocks/s x {run.transactions} txs, {run.consumers} consumers"
