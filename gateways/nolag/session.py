@@ -89,9 +89,6 @@ class NolagDialect(Dialect):
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
-        # The QoS 0 frame of the message being fanned out: (its event payload, frame, wire frame).
-        # Every recipient of one message gets the same payload object, so it is built once.
-        self.shared_frame: tuple[tuple, bytes, bytes] | None = None
 
     async def key_store(self, call: Callable[[KeyStore], T]) -> T:
         """``call(store)`` in a worker thread, the store opened there on first use.
@@ -629,7 +626,7 @@ class NolagSession(DialectSession):
             if sub is None:
                 return
             if (qos == 0 or sub.qos == 0) and self.replaying is None and not self.gated:
-                self._write_shared(payload)
+                self.fan_out(payload, [self])  # nothing to track but the topic's position
                 return
             item = _Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, meta, False)
             if self.replaying is not None:
@@ -718,25 +715,6 @@ class NolagSession(DialectSession):
         if meta is not None:
             for tracked, connection_ids in written.items():
                 sessions[0].gateway.account_fanout(meta, len(frames[tracked][0]), connection_ids)
-
-    def _write_shared(self, payload: tuple) -> None:
-        """A QoS 0 delivery (what :meth:`_write` does for one, with nothing to track but the
-        topic's position): the frame is the same for every recipient of the message, so it is
-        built once per message, not per recipient."""
-        topic, packed, msg_id, _, filter_, ts_ms, _, meta = payload
-        dialect = self.dialect
-        shared = dialect.shared_frame
-        if shared is None or shared[0] is not payload:
-            frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
-            shared = dialect.shared_frame = (payload, frame, frame_header(_BINARY, len(frame)) + frame)
-        frame = shared[1]
-        self.last_sent = time.monotonic()
-        sent = self.wire.send_frame(shared[2], _BINARY, frame)
-        positions = self.qos.positions
-        if sent and ts_ms > positions.get(topic, 0):
-            positions[topic] = ts_ms
-        if meta is not None:
-            self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
     def _frame(self, frame: bytes) -> None:
         """A frame that keeps its place behind messages waiting for their record."""
