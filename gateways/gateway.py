@@ -75,7 +75,8 @@ class Gateway:
             max_pending=tuning.max_pending_commands,
         )
         self.shards.on_restart = self._shard_restarted
-        self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop)
+        self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop,
+                                           tuning.max_deliveries_per_turn, self._backlog)
         analytics = settings.analytics
         self.events = (
             EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours, event_writer,
@@ -248,9 +249,13 @@ class Gateway:
     def reading_paused(self) -> bool:
         return self._reading_paused
 
-    def _backlog(self, backlogged: bool) -> None:
-        """Too many commands wait for shards: stop reading sockets until they drain."""
-        self._reading_paused = backlogged
+    def _backlog(self, _: bool) -> None:
+        """Too many commands wait for shards, or too many deliveries for their turn: stop reading
+        sockets until both drain."""
+        paused = self.shards.backlogged or self.sequencer.backlogged
+        if paused == self._reading_paused:
+            return
+        self._reading_paused = paused
         for connection in self.connections.values():
             connection.update_reading()
 
@@ -487,6 +492,10 @@ class Gateway:
             "delivered": self.delivered,
             "undeliverable": self.undeliverable,
             "reordered_skipped": self.sequencer.skipped,
+            # Loop turns that left part of a shard reply's deliveries to the next turn, and how
+            # many deliveries wait now (gateway.max_deliveries_per_turn).
+            "deliveries_sliced": self.sequencer.sliced,
+            "deliveries_waiting": self.sequencer.waiting,
             "shard_client": self.shards.stats(),
             "dialects": {d.name: d.stats() for d in self.dialects},
             "uptime_s": round(time.time() - self.started_at, 1),

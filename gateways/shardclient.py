@@ -632,9 +632,19 @@ class DeliverySequencer:
     A bundle that arrives early waits for the ones before it; if a gap lasts longer than
     ``timeout_s`` (a bundle was lost, e.g. its call failed), the sequencer skips past it and
     counts the skip. A new epoch (the shard restarted) starts a fresh sequence.
+
+    At most about ``max_per_turn`` deliveries (recipients of items) are applied in one event-loop
+    turn: the rest of a large bundle, and every bundle after it, wait in order for the next turns,
+    so that one shard reply (a thousand publishes to a thousand subscribers each) never holds the
+    loop for seconds: reads, acks, pings and timers run between the slices. While more than
+    ``BACKLOG_TURNS`` turns' worth wait, ``on_backlog(True)`` (the gateway stops reading its
+    sockets: publishers must not outrun delivery); ``on_backlog(False)`` once one turn's worth is left.
     """
 
-    def __init__(self, apply: Callable[[list], None], timeout_s: float, loop: asyncio.AbstractEventLoop) -> None:
+    BACKLOG_TURNS = 8
+
+    def __init__(self, apply: Callable[[list], None], timeout_s: float, loop: asyncio.AbstractEventLoop,
+                 max_per_turn: int = 0, on_backlog: Callable[[bool], None] | None = None) -> None:
         self.apply = apply
         self.timeout_s = timeout_s
         self.loop = loop
@@ -642,6 +652,13 @@ class DeliverySequencer:
         self._retired: dict[str, set[str]] = {}  # source -> epochs it has moved past
         self.skipped = 0
         self.stale = 0
+        self.max_per_turn = max_per_turn  # 0: no limit
+        self.on_backlog = on_backlog
+        self._later: deque = deque()  # items, in order, left for the next turns
+        self._later_count = 0  # their deliveries
+        self._continuing = False
+        self.backlogged = False
+        self.sliced = 0  # turns that left deliveries for a later one
 
     def accept(self, bundle: tuple) -> None:
         source, epoch, seq, items = bundle
@@ -694,10 +711,71 @@ class DeliverySequencer:
             state.timer = self.loop.call_later(self.timeout_s, self._gap_expired, source)
 
     def _apply(self, items: list) -> None:
+        limit = self.max_per_turn
+        if limit:
+            if self._later:  # earlier deliveries still wait for their turn: these go behind them
+                self._defer(items, 0)
+                return
+            count = 0
+            for index, item in enumerate(items):
+                count += len(item[2])
+                if count >= limit and index + 1 < len(items):
+                    self._defer(items, index + 1)
+                    items = items[:index + 1]
+                    break
+        self._run(items)
+
+    @property
+    def waiting(self) -> int:
+        """Deliveries left for the next loop turns."""
+        return self._later_count
+
+    def _run(self, items: list) -> None:
         try:
             self.apply(items)
         except Exception:
             logger.exception("applying deliveries failed")
+
+    def _defer(self, items: list, start: int) -> None:
+        later = self._later
+        count = 0
+        for index in range(start, len(items)):
+            item = items[index]
+            later.append(item)
+            count += len(item[2])
+        self._later_count += count
+        if not self._continuing:
+            self._continuing = True
+            self.sliced += 1
+            self.loop.call_soon(self._continue)
+        if not self.backlogged and self._later_count > self.BACKLOG_TURNS * self.max_per_turn:
+            self._set_backlogged(True)
+
+    def _continue(self) -> None:
+        """The next slice of the deliveries left for later (after the I/O of the turn between)."""
+        self._continuing = False
+        later, limit = self._later, self.max_per_turn
+        items, count = [], 0
+        while later and count < limit:
+            item = later.popleft()
+            items.append(item)
+            count += len(item[2])
+        self._later_count -= count
+        if later:
+            self._continuing = True
+            self.sliced += 1
+            self.loop.call_soon(self._continue)
+        if self.backlogged and self._later_count <= limit:
+            self._set_backlogged(False)
+        self._run(items)
+
+    def _set_backlogged(self, backlogged: bool) -> None:
+        self.backlogged = backlogged
+        if self.on_backlog is not None:
+            try:
+                self.on_backlog(backlogged)
+            except Exception:
+                logger.exception("backlog callback failed")
 
     def forget(self, source: str) -> None:
         self._retired.pop(source, None)

@@ -47,6 +47,14 @@ class HubClient:
         await self.ws.send(json.dumps(message))
         return message
 
+    def send_burst(self, messages: list[dict[str, Any]]) -> None:
+        """Text frames written in one write, so that the gateway reads them in one go."""
+        from websockets.frames import Frame, Opcode
+
+        frames = [Frame(Opcode.TEXT, json.dumps(message).encode()).serialize(mask=True, extensions=[])
+                  for message in messages]
+        self.ws.transport.write(b"".join(frames))
+
     async def send_raw(self, data: str | bytes) -> None:
         await self.ws.send(data)
 

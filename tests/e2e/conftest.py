@@ -140,6 +140,8 @@ def hub(ray_runtime: str, tmp_path_factory) -> RunningRouter:
         port=0,
         gateways=2,
         ray_dashboard=False,
+        # Small, so that the ordering tests run through deliveries applied over several loop turns.
+        gateway={"max_deliveries_per_turn": 100},
         shards={"session": 2, "topic": 2, "registry": 2},
         signal={"auth": {"enabled": True, "secret": SECRET}, "rate_limit_per_minute": 6_000_000},
     )

@@ -72,6 +72,34 @@ def test_publish_fans_out_to_many_subscribers_in_order(hub):
     run(scenario())
 
 
+def test_a_burst_of_publishes_is_written_over_several_loop_turns_in_order(hub):
+    """100 publishes read in one go make a shard reply of 2,000 deliveries to this gateway; the
+    hub's gateways apply 100 per loop turn, so the reply goes out in slices, in order, whole."""
+    import ray
+
+    def sliced() -> int:
+        return ray.get(hub.router.gateways[0].actor.stats.remote(), timeout=30)["deliveries_sliced"]
+
+    async def scenario():
+        subscribers = [await HubClient.open(hub.ws_urls[0], f"seag/burst-{i}", make_token(f"seag/burst-{i}"))
+                       for i in range(20)]
+        for subscriber in subscribers:
+            await subscriber.request("hub:subscribe", {"topic": "burst"})
+        publisher = await HubClient.open(hub.ws_urls[0], "browser/burst", make_token("browser/burst"))
+        before = sliced()
+        publisher.send_burst([publisher.envelope("hub:publish", {"topic": "burst", "message": n})
+                              for n in range(100)])
+        acks = [await publisher.recv() for _ in range(100)]
+        assert [a["payload"]["deliveredCount"] for a in acks] == [20] * 100
+        for subscriber in subscribers:
+            assert [(await subscriber.recv())["payload"]["message"] for _ in range(100)] == list(range(100))
+        assert sliced() > before
+        for client in subscribers + [publisher]:
+            await client.close()
+
+    run(scenario())
+
+
 def test_publish_without_subscribers_and_closed_subscribers(hub):
     async def scenario():
         publisher = await HubClient.open(hub.ws_urls[1], "browser/lonely", make_token("browser/lonely"))

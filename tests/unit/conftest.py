@@ -39,10 +39,21 @@ class FakeTimer:
 
 
 class FakeLoop:
-    """Just enough of an event loop for code that only schedules timers; tests fire them by hand."""
+    """Just enough of an event loop for code that only schedules timers and next-turn callbacks;
+    tests fire them by hand (``run_turn`` runs the callbacks scheduled before it, as a loop turn)."""
 
     def __init__(self) -> None:
         self.timers: list[FakeTimer] = []
+        self.ready: list[tuple[Callable[..., Any], tuple]] = []
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
+        self.ready.append((callback, args))
+
+    def run_turn(self) -> int:
+        ready, self.ready = self.ready, []
+        for callback, args in ready:
+            callback(*args)
+        return len(ready)
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> FakeTimer:
         timer = FakeTimer(delay, callback, args)

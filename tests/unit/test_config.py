@@ -59,6 +59,7 @@ def test_defaults(tmp_path):
         "max_pending_commands": 200_000,
         "request_timeout_s": 10,
         "reorder_timeout_s": 2.0,
+        "max_deliveries_per_turn": 100_000,
         "handshake_timeout_s": 10,
         "close_timeout_s": 5,
         "stall_timeout_s": 30,

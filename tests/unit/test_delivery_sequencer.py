@@ -246,3 +246,110 @@ def test_a_straggler_from_a_retired_epoch_is_dropped(sequencer, recorder, fake_l
     assert recorder.applied == items(0, epoch="old") + items(0, 1, epoch="new")
     assert (sequencer.skipped, sequencer.stale) == (0, 1)
     assert fake_loop.timers == []
+
+
+# -- at most max_per_turn deliveries per loop turn ------------------------------------------
+
+
+def deliveries(name: str, count: int, recipients: int) -> list[tuple]:
+    """``count`` items of ``recipients`` connections each, as the gateway applies them."""
+    return [("event", f"{name}{n}", tuple(range(recipients)), None) for n in range(count)]
+
+
+def names(applied: list[list]) -> list[list[str]]:
+    return [[item[1] for item in batch] for batch in applied]
+
+
+def test_a_large_bundle_is_applied_in_slices_one_per_loop_turn(recorder, fake_loop):
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
+    sequencer.accept(("s", "e", 0, deliveries("m", 10, 4)))  # 40 deliveries
+    # This turn: items until 10 deliveries are reached (4 + 4 + 4); the rest waits.
+    assert names(recorder.applied) == [["m0", "m1", "m2"]]
+    assert (sequencer.waiting, sequencer.sliced) == (28, 1)
+    assert fake_loop.run_turn() == 1
+    assert names(recorder.applied)[1:] == [["m3", "m4", "m5"]]
+    assert fake_loop.run_turn() == 1
+    assert fake_loop.run_turn() == 1
+    assert names(recorder.applied)[2:] == [["m6", "m7", "m8"], ["m9"]]
+    assert fake_loop.run_turn() == 0  # nothing left, nothing scheduled
+    assert (sequencer.waiting, sequencer.sliced) == (0, 3)
+
+
+def test_bundles_behind_a_sliced_one_wait_their_turn_in_order(recorder, fake_loop):
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
+    sequencer.accept(("s", "e", 0, deliveries("a", 4, 5)))
+    sequencer.accept(("s", "e", 1, deliveries("b", 1, 1)))  # small, but behind the rest of 0
+    sequencer.accept(("t", "e", 0, deliveries("c", 1, 1)))  # another shard's: behind them too
+    assert names(recorder.applied) == [["a0", "a1"]]
+    while fake_loop.run_turn():
+        pass
+    assert names(recorder.applied) == [["a0", "a1"], ["a2", "a3"], ["b0", "c0"]]
+    # With nothing waiting, a small bundle is applied at once again.
+    sequencer.accept(("s", "e", 2, deliveries("d", 1, 1)))
+    assert names(recorder.applied)[-1] == ["d0"]
+    assert fake_loop.ready == []
+
+
+def test_one_item_larger_than_the_limit_is_applied_whole(recorder, fake_loop):
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
+    sequencer.accept(("s", "e", 0, deliveries("x", 1, 500)))  # a message to 500 connections
+    assert names(recorder.applied) == [["x0"]]
+    assert fake_loop.ready == [] and sequencer.sliced == 0
+
+
+def test_without_a_limit_every_bundle_is_applied_whole(recorder, fake_loop):
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop)
+    sequencer.accept(("s", "e", 0, deliveries("m", 1000, 1000)))
+    assert len(recorder.applied) == 1 and len(recorder.applied[0]) == 1000
+    assert fake_loop.ready == []
+
+
+def test_a_backlog_of_deliveries_pauses_reading_until_one_turn_is_left(recorder, fake_loop):
+    calls: list[bool] = []
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10, on_backlog=calls.append)
+    over = DeliverySequencer.BACKLOG_TURNS * 10  # deliveries waiting past which reading stops
+    sequencer.accept(("s", "e", 0, deliveries("m", 10 + over, 1)))  # 10 now, `over` wait: not past it
+    assert (sequencer.waiting, calls, sequencer.backlogged) == (over, [], False)
+    sequencer.accept(("s", "e", 1, deliveries("n", 1, 1)))  # one more waits: past it
+    assert (sequencer.waiting, calls, sequencer.backlogged) == (over + 1, [True], True)
+    turns = 0
+    while sequencer.backlogged:
+        fake_loop.run_turn()
+        turns += 1
+    # Reading resumes once one turn's worth is left (and before that turn is applied).
+    assert calls == [True, False] and sequencer.waiting == 1 and turns == DeliverySequencer.BACKLOG_TURNS
+    while fake_loop.run_turn():
+        pass
+    assert sum(len(batch) for batch in recorder.applied) == 10 + over + 1 and calls == [True, False]
+
+
+def test_a_failing_slice_does_not_stop_the_next_ones(fake_loop, caplog):
+    applied: list[list] = []
+
+    def apply(items):
+        applied.append(items)
+        if len(applied) == 1:
+            raise ValueError("boom")
+
+    sequencer = DeliverySequencer(apply, TIMEOUT, fake_loop, max_per_turn=2)
+    with caplog.at_level(logging.ERROR, logger="gateways.shardclient"):
+        sequencer.accept(("s", "e", 0, deliveries("m", 4, 1)))
+    assert "applying deliveries failed" in caplog.text
+    while fake_loop.run_turn():
+        pass
+    assert names(applied) == [["m0", "m1"], ["m2", "m3"]]
+
+
+def test_other_work_runs_between_the_slices_on_a_real_loop():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        order: list[str] = []
+        sequencer = DeliverySequencer(lambda items: order.extend(item[1] for item in items), TIMEOUT, loop,
+                                      max_per_turn=100)
+        sequencer.accept(("s", "e", 0, deliveries("m", 3, 100)))
+        loop.call_soon(order.append, "other")  # e.g. a read: scheduled behind the next slice
+        while sequencer.waiting or len(order) < 4:
+            await asyncio.sleep(0)
+        assert order == ["m0", "m1", "other", "m2"]
+
+    run_with_loop(scenario)

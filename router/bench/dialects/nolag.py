@@ -6,10 +6,8 @@ API keys), and two of its own.
   the subscribers acknowledge with ``batchAck`` (every ``nolag.ack_every`` messages, and when a
   connection goes quiet). The same
   number of deliveries as ``fanout`` (``--deliveries``); S = 100, or ``--param
-  nolag.qos1_subscribers=100,1000``. At S = 1,000 with the default window of 1,000 publishes, one
-  shard reply carries up to a million deliveries, which the gateway writes in one event-loop turn
-  of several seconds: receivers idle longer than ``--idle`` stop, and QoS 1 redelivery timers fire
-  for acks not yet read (run it with ``--idle 60``; docs/performance.md).
+  nolag.qos1_subscribers=100,1000`` (at S = 1,000 one shard reply carries up to a million
+  deliveries, which the gateway writes over several loop turns: ``gateway.max_deliveries_per_turn``).
 - ``groups``: load balancing. ``nolag.members`` subscribers (default 100) in ``nolag.groups``
   load-balance groups (default 10) of one topic: each message goes to exactly one member of each
   group, so a publish makes ``groups`` deliveries; ``--deliveries`` in all.
