@@ -254,21 +254,16 @@ class Connection(asyncio.Protocol):
         if self.compressed:
             (ws.send_text if opcode == _TEXT else ws.send_binary)(payload)
             self._write_out(ws.data_to_send())
-        else:
-            self._cork(frame)
-        return True
-
-    def _cork(self, frame: bytes) -> None:
-        """Frames written in one event-loop turn leave in one write: one system call for a burst.
-
-        Measured: per-frame writes took over half of a gateway's time when one connection received
-        many frames per turn (a block of mx events, a NoLag fan-out, point-to-point floods).
-        """
+            return True
+        # Corked: frames written in one event-loop turn leave in one write, one system call for a
+        # burst. Measured: per-frame writes took over half of a gateway's time when one connection
+        # received many frames per turn (a block of mx events, a NoLag fan-out, point-to-point floods).
         corked = self._corked
         if not corked:
             self.gateway.cork(self)
         corked.append(frame)
         self._corked_bytes += len(frame)
+        return True
 
     def uncork(self) -> None:
         corked = self._corked

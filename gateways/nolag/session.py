@@ -684,37 +684,57 @@ class NolagSession(DialectSession):
                 session.on_event(payload)
             return
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
-        frames: dict[bool, tuple[bytes, bytes]] = {}  # requiresAck -> (frame, wire frame)
-        written: dict[bool, list[int]] = {}
+        plain: tuple[bytes, bytes] | None = None  # the frame without requiresAck: (frame, wire frame)
+        acked: tuple[bytes, bytes] | None = None  # with it
+        written_plain: list[int] = []
+        written_acked: list[int] = []
         now = time.monotonic()
         for session in sessions:
             if session.closed:
                 continue
-            sub = session.subs.get(topic) if type(session) is NolagSession else None
-            level = 0 if sub is None else (qos if qos <= sub.qos else sub.qos)
-            if sub is None or level == 2 or session.replaying is not None or session.gated:
-                if sub is not None or type(session) is not NolagSession:
-                    session.on_event(payload)
+            if type(session) is not NolagSession:
+                session.on_event(payload)
+                continue
+            sub = session.subs.get(topic)
+            if sub is None:
+                continue
+            level = qos if qos <= sub.qos else sub.qos
+            if level == 2 or session.replaying is not None or session.gated:
+                session.on_event(payload)
                 continue
             window = session.qos
-            tracked = level == 1 and msg_id is not None
-            if tracked and msg_id in window.unacked:
-                continue  # already out and waiting for its ack (QosWindow.deliverable)
-            built = frames.get(tracked)
-            if built is None:
-                frame = codec.message_packed(topic, packed, msg_id, tracked, False, filter_, None, ts_ms)
-                built = frames[tracked] = (frame, frame_header(_BINARY, len(frame)) + frame)
-            session.last_sent = now
             wire = session.wire
-            sent = wire.send_frame(built[1], _BINARY, built[0])
-            window.delivered(topic, msg_id, level, ts_ms, built[0], sent, now if tracked else 0.0)
+            if level == 0 or msg_id is None:
+                session.last_sent = now
+                # Nothing to track but the topic's position (QosWindow.delivered, inlined: the hot path).
+                if plain is None:
+                    frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
+                    plain = (frame, frame_header(_BINARY, len(frame)) + frame)
+                if wire.send_frame(plain[1], _BINARY, plain[0]):
+                    positions = window.positions
+                    if ts_ms > positions.get(topic, 0):
+                        positions[topic] = ts_ms
+                    written_plain.append(wire.id)
+                elif meta is not None:
+                    session.gateway.account_delivery(meta, len(plain[0]), wire.id, False)
+                continue
+            if msg_id in window.unacked:
+                continue  # already out and waiting for its ack (QosWindow.deliverable)
+            session.last_sent = now
+            if acked is None:
+                frame = codec.message_packed(topic, packed, msg_id, True, False, filter_, None, ts_ms)
+                acked = (frame, frame_header(_BINARY, len(frame)) + frame)
+            sent = wire.send_frame(acked[1], _BINARY, acked[0])
+            window.delivered(topic, msg_id, level, ts_ms, acked[0], sent, now)
             if sent:
-                written.setdefault(tracked, []).append(wire.id)
+                written_acked.append(wire.id)
             elif meta is not None:
-                session.gateway.account_delivery(meta, len(built[0]), wire.id, False)
+                session.gateway.account_delivery(meta, len(acked[0]), wire.id, False)
         if meta is not None:
-            for tracked, connection_ids in written.items():
-                sessions[0].gateway.account_fanout(meta, len(frames[tracked][0]), connection_ids)
+            if written_plain:
+                sessions[0].gateway.account_fanout(meta, len(plain[0]), written_plain)
+            if written_acked:
+                sessions[0].gateway.account_fanout(meta, len(acked[0]), written_acked)
 
     def _frame(self, frame: bytes) -> None:
         """A frame that keeps its place behind messages waiting for their record."""
