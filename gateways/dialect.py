@@ -71,9 +71,10 @@ class Wire(Protocol):
 
     def send_binary(self, payload: bytes) -> bool: ...
 
-    def send_frame(self, frame: bytes, opcode: int, payload: bytes) -> bool:
+    def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
         """Write ``frame`` (``gateways.server.frame_header`` + ``payload``), built once and shared by
-        every recipient of a fan-out."""
+        every recipient of a fan-out. Without ``payload`` the connection takes it from ``frame``
+        when it needs it (a compressed connection)."""
 
     def close(self, code: int = 1000, reason: str = "") -> None: ...
 

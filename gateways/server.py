@@ -243,8 +243,9 @@ class Connection(asyncio.Protocol):
     def send_binary(self, payload: bytes) -> bool:
         return self._send(_BINARY, payload)
 
-    def send_frame(self, frame: bytes, opcode: int, payload: bytes) -> bool:
-        """Write a frame prebuilt by :func:`frame_header` (fan-out); falls back when compressed."""
+    def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
+        """Write a frame prebuilt by :func:`frame_header` (fan-out); falls back when compressed (on
+        ``payload``, else the frame without its header)."""
         ws = self.ws
         if ws is None or ws.state is not OPEN:
             return False
@@ -252,6 +253,9 @@ class Connection(asyncio.Protocol):
             self.dropped += 1
             return False
         if self.compressed:
+            if payload is None:
+                code = frame[1] & 0x7F
+                payload = frame[2 if code < 126 else 4 if code == 126 else 10:]
             (ws.send_text if opcode == _TEXT else ws.send_binary)(payload)
             self._write_out(ws.data_to_send())
             return True

@@ -168,6 +168,17 @@ def frame_with_tail(counter: int, tail: bytes, with_acknowledge: bool = False) -
     Protobuf writes fields in number order and omits zero values, so this equals
     ``payload_frame(counter, topic, payload, with_acknowledge)``.
     """
+    return frame_head(counter, with_acknowledge) + tail
+
+
+def frame_head(counter: int, with_acknowledge: bool = False) -> bytes:
+    """Fields 1-3 of a PAYLOAD frame (version 1, with_acknowledge, counter): what precedes the tail."""
+    if not with_acknowledge and 0 < counter < 0x200000:  # the common case, without a loop
+        if counter < 0x80:
+            return bytes((0x08, 0x01, 0x18, counter))
+        if counter < 0x4000:
+            return bytes((0x08, 0x01, 0x18, (counter & 0x7F) | 0x80, counter >> 7))
+        return bytes((0x08, 0x01, 0x18, (counter & 0x7F) | 0x80, ((counter >> 7) & 0x7F) | 0x80, counter >> 14))
     head = bytearray(b"\x08\x01")  # field 1 (version), varint 1
     if with_acknowledge:
         head += b"\x10\x01"  # field 2, true
@@ -177,7 +188,7 @@ def frame_with_tail(counter: int, tail: bytes, with_acknowledge: bool = False) -
             head.append((counter & 0x7F) | 0x80)
             counter >>= 7
         head.append(counter)
-    return bytes(head) + tail
+    return bytes(head)
 
 
 # -- subscribe -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from gateways.mx.config import MxConfig
 from gateways.mx.ingest import NodeIngestDialect
 from gateways.keepalive import CLOSE_IDLE, Keepalive
+from gateways.server import frame_header
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
@@ -41,6 +42,7 @@ DIALECT = "mx"
 CLOSE_UNSUPPORTED = 1003
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
+_BINARY = 0x2  # the hub's frames are binary
 
 
 def connection_key(gateway_id: str, connection_id: int) -> str:
@@ -193,6 +195,49 @@ class HubSession(DialectSession):
         if dialect.queued_total > self.config.max_queued_total:
             dialect.over_budget()
         self._pump_later()
+
+    @staticmethod
+    def fan_out(payload: Any, sessions: list) -> None:
+        """One event for several consumers (``Gateway._fan_out``): each frame is the consumer's own
+        (its counter in fields 1-3, then the event's shared tail), written in one loop with one
+        accounting group per frame size. A consumer waiting for an ACK, with frames queued, or at
+        its write bound takes the event through ``on_event`` (it queues it in order)."""
+        topic, tail, meta = payload
+        written: dict[int, list[int]] = {}  # frame size -> connections (sizes differ by the counter's varint)
+        headers: dict[int, bytes] = {}  # frame size -> its WebSocket header
+        tail_size = len(tail)
+        head = codec.frame_head
+        hub = HubSession
+        dialect = None
+        for session in sessions:
+            if type(session) is not hub or session.closed:
+                session.on_event(payload)
+                continue
+            wire = session.wire
+            if session.with_acknowledge or session.queue or \
+                    wire.outbound_bytes() >= session.config.max_write_buffer_bytes:
+                session.on_event(payload)
+                continue
+            counter = session.counter = session.counter + 1
+            fields = head(counter)
+            size = len(fields) + tail_size
+            dialect = session.dialect
+            dialect.delivered += 1
+            ids = written.get(size)
+            if ids is None:
+                header = headers[size] = frame_header(_BINARY, size)
+                ids = written[size] = []
+            else:
+                header = headers[size]
+            if wire.send_frame(b"".join((header, fields, tail)), _BINARY):
+                ids.append(wire.id)
+            elif meta is not None:
+                session.gateway.account_delivery(meta, size, wire.id, False)
+        if meta is not None and written:
+            account = dialect.gateway.account_fanout
+            for size, ids in written.items():
+                if ids:
+                    account(meta, size, ids)
 
     def on_drain(self) -> None:
         self._pump()

@@ -120,6 +120,14 @@ def test_frame_with_tail_equals_the_protobuf_encoding(counter, topic, payload, w
     assert decode_frame(built) == Frame(1, with_acknowledge, counter, PAYLOAD, topic, payload)
 
 
+@pytest.mark.parametrize("counter", [0, 1, 127, 128, 129, 16383, 16384, 2**21 - 1, 2**21])
+@pytest.mark.parametrize("with_acknowledge", [False, True])
+def test_frame_head_at_each_varint_boundary(counter, with_acknowledge):
+    tail = frame_tail("all_events", b"event")
+    assert frame_with_tail(counter, tail, with_acknowledge) == payload_frame(counter, "all_events", b"event",
+                                                                             with_acknowledge)
+
+
 def test_one_tail_serves_many_counters():
     tail = frame_tail("all_events", b"event")
     frames = [frame_with_tail(counter, tail) for counter in (1, 2, 128)]
