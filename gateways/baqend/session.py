@@ -184,7 +184,7 @@ class BaqendDialect(Dialect):
 
     async def _object_request(self, request: HttpRequest, bucket: str, key: str | None,
                               principals: frozenset[str]) -> HttpResponse:
-        method, config, gateway, shards = request.method, self.config, self.gateway, self.shards
+        method, config, shards = request.method, self.config, self.shards
         if key is None:
             if method != "POST":
                 raise RestError(405 if method in ("PUT", "DELETE") else 400,
