@@ -76,7 +76,7 @@ class Gateway:
         )
         self.shards.on_restart = self._shard_restarted
         self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop,
-                                           tuning.max_deliveries_per_turn, self._backlog)
+                                           tuning.max_deliveries_per_turn, self.shards.pause_lanes)
         analytics = settings.analytics
         self.events = (
             EventLog(settings.events_dir, gateway_id, analytics.sample_rate, analytics.retention_hours, event_writer,
@@ -181,6 +181,7 @@ class Gateway:
                 await dialect.close()
             except Exception:
                 logger.exception("dialect %s: closing failed", dialect.name)
+        self.sequencer.close()
         self.shards.close()
         if self.events is not None:
             await self.loop.run_in_executor(None, self.events.close)
@@ -249,13 +250,9 @@ class Gateway:
     def reading_paused(self) -> bool:
         return self._reading_paused
 
-    def _backlog(self, _: bool) -> None:
-        """Too many commands wait for shards, or too many deliveries for their turn: stop reading
-        sockets until both drain."""
-        paused = self.shards.backlogged or self.sequencer.backlogged
-        if paused == self._reading_paused:
-            return
-        self._reading_paused = paused
+    def _backlog(self, backlogged: bool) -> None:
+        """Too many commands wait for shards: stop reading sockets until they drain."""
+        self._reading_paused = backlogged
         for connection in self.connections.values():
             connection.update_reading()
 

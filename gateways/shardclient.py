@@ -129,6 +129,8 @@ class ShardClient:
         self.timeout_s = timeout_s
         self.on_backlog = on_backlog
         self.max_pending = max_pending
+        self.lanes_paused = False  # pause_lanes: too many deliveries wait in the gateway
+        self.lane_pauses = 0
         self.on_batch: Callable[[int], None] | None = None  # observes each batch's size
         self.pending = 0  # commands not yet answered
         self.backlogged = False
@@ -507,9 +509,29 @@ class ShardClient:
             lane.close()
             return False
         link.next_lane = lane
+        if self.lanes_paused:
+            self._pause_lane(lane, True)
         if not link.inflight:
             self._flush(link)
         return True
+
+    def pause_lanes(self, paused: bool) -> None:
+        """Stop (or go back to) reading every lane: while the gateway has more deliveries waiting
+        than it writes in a few loop turns, the rest stays with the shards (``DeliverySequencer``)."""
+        self.lanes_paused = paused
+        self.lane_pauses += paused
+        for link in self._all_links():
+            for lane in (link.lane, link.next_lane):
+                self._pause_lane(lane, paused)
+
+    @staticmethod
+    def _pause_lane(lane: LaneClient | None, paused: bool) -> None:
+        transport = None if lane is None else lane.transport
+        if transport is not None and not transport.is_closing():
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     def _lane_reply(self, link: ShardLink, results: Any, bundle: Any) -> None:
         self._settle(link, link.lane_batches.popleft(), results, bundle)
@@ -578,6 +600,8 @@ class ShardClient:
             "lanes": sum(1 for link in links if link.lane is not None),
             "lane_batches": self.lane_batches_sent,
             "lanes_lost": self.lanes_lost,
+            "lanes_paused": self.lanes_paused,
+            "lane_pauses": self.lane_pauses,
             "restarts_seen": self.restarts_seen,
             "retried": self.retried,
             "held": sum(1 for link in links if link.held),
@@ -634,11 +658,13 @@ class DeliverySequencer:
     counts the skip. A new epoch (the shard restarted) starts a fresh sequence.
 
     At most about ``max_per_turn`` deliveries (recipients of items) are applied in one event-loop
-    turn: the rest of a large bundle, and every bundle after it, wait in order for the next turns,
-    so that one shard reply (a thousand publishes to a thousand subscribers each) never holds the
-    loop for seconds: reads, acks, pings and timers run between the slices. While more than
-    ``BACKLOG_TURNS`` turns' worth wait, ``on_backlog(True)`` (the gateway stops reading its
-    sockets: publishers must not outrun delivery); ``on_backlog(False)`` once one turn's worth is left.
+    turn, counted over every bundle of the turn: the rest, and every bundle after it, wait in order
+    for the next turns, so that one shard reply (a thousand publishes to a thousand subscribers
+    each) never holds the loop for seconds: reads, acks, pings and timers run between the slices,
+    and each slice is written before the next is applied. An item is never split (a message to
+    more connections than the limit is one slice). While more than ``BACKLOG_TURNS`` turns' worth
+    wait, ``on_backlog(True)`` (the gateway stops reading its lanes, so the shards hold what follows
+    as they did while a long turn held the loop); ``on_backlog(False)`` once one turn's worth is left.
     """
 
     BACKLOG_TURNS = 8
@@ -657,7 +683,10 @@ class DeliverySequencer:
         self._later: deque = deque()  # items, in order, left for the next turns
         self._later_count = 0  # their deliveries
         self._continuing = False
+        self._spent = 0  # deliveries applied in this loop turn
+        self._turn_scheduled = False
         self.backlogged = False
+        self.closed = False
         self.sliced = 0  # turns that left deliveries for a later one
 
     def accept(self, bundle: tuple) -> None:
@@ -712,18 +741,29 @@ class DeliverySequencer:
 
     def _apply(self, items: list) -> None:
         limit = self.max_per_turn
-        if limit:
-            if self._later:  # earlier deliveries still wait for their turn: these go behind them
-                self._defer(items, 0)
-                return
-            count = 0
+        if not limit:
+            self._run(items)
+            return
+        if self.closed:
+            return
+        if self._later:  # earlier deliveries still wait for their turn: these go behind them
+            self._defer(items, 0)
+            return
+        budget = limit - self._spent
+        cut, count = 0, 0
+        if budget > 0:
+            cut = len(items)
             for index, item in enumerate(items):
                 count += len(item[2])
-                if count >= limit and index + 1 < len(items):
-                    self._defer(items, index + 1)
-                    items = items[:index + 1]
+                if count >= budget:
+                    cut = index + 1
                     break
-        self._run(items)
+        if cut < len(items):
+            self._defer(items, cut)  # queued before the run: whatever the run causes comes behind
+        if cut:
+            self._charge(count)
+            self._run(items if cut == len(items) else items[:cut])
+        self._continue_later()
 
     @property
     def waiting(self) -> int:
@@ -744,16 +784,33 @@ class DeliverySequencer:
             later.append(item)
             count += len(item[2])
         self._later_count += count
-        if not self._continuing:
+        if not self.backlogged and self._later_count > self.BACKLOG_TURNS * self.max_per_turn:
+            self._set_backlogged(True)
+
+    def _charge(self, count: int) -> None:
+        """``count`` deliveries applied in this turn; the count starts again with the next turn."""
+        self._spent += count
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self.loop.call_soon(self._new_turn)
+
+    def _new_turn(self) -> None:
+        self._spent = 0
+        self._turn_scheduled = False
+
+    def _continue_later(self) -> None:
+        """Scheduled after a slice is applied, so the next turn runs, in order: the turn's count
+        reset, the slice's writes (scheduled as it was applied), then the next slice."""
+        if self._later and not self._continuing:
             self._continuing = True
             self.sliced += 1
             self.loop.call_soon(self._continue)
-        if not self.backlogged and self._later_count > self.BACKLOG_TURNS * self.max_per_turn:
-            self._set_backlogged(True)
 
     def _continue(self) -> None:
         """The next slice of the deliveries left for later (after the I/O of the turn between)."""
         self._continuing = False
+        if self.closed:
+            return
         later, limit = self._later, self.max_per_turn
         items, count = [], 0
         while later and count < limit:
@@ -761,13 +818,11 @@ class DeliverySequencer:
             items.append(item)
             count += len(item[2])
         self._later_count -= count
-        if later:
-            self._continuing = True
-            self.sliced += 1
-            self.loop.call_soon(self._continue)
         if self.backlogged and self._later_count <= limit:
             self._set_backlogged(False)
+        self._charge(count)
         self._run(items)
+        self._continue_later()
 
     def _set_backlogged(self, backlogged: bool) -> None:
         self.backlogged = backlogged
@@ -776,6 +831,13 @@ class DeliverySequencer:
                 self.on_backlog(backlogged)
             except Exception:
                 logger.exception("backlog callback failed")
+
+    def close(self) -> None:
+        """The gateway stops: what still waits is dropped (its connections are gone)."""
+        self.closed = True
+        self._later.clear()
+        self._later_count = 0
+        self.backlogged = False
 
     def forget(self, source: str) -> None:
         self._retired.pop(source, None)

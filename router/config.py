@@ -145,7 +145,7 @@ class GatewayConfig(Section):
     reorder_timeout_s: float = Field(default=2.0, gt=0)
     # Deliveries (recipients) applied in one event-loop turn; the rest of a large shard reply waits
     # for the next turns, so that reads, acks and timers run between slices. Past 8 turns' worth
-    # waiting, the gateway stops reading its sockets until one turn's worth is left.
+    # waiting, the gateway stops reading its lanes (the shards hold the rest) until one turn's worth is left.
     max_deliveries_per_turn: int = Field(default=100_000, ge=100)
     # A request (head and body, or a WebSocket handshake) must arrive whole within this time of
     # its first byte (408), and a connection idle between requests is closed after it.

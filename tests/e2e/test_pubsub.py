@@ -74,11 +74,14 @@ def test_publish_fans_out_to_many_subscribers_in_order(hub):
 
 def test_a_burst_of_publishes_is_written_over_several_loop_turns_in_order(hub):
     """100 publishes read in one go make a shard reply of 2,000 deliveries to this gateway; the
-    hub's gateways apply 100 per loop turn, so the reply goes out in slices, in order, whole."""
+    hub's gateways apply 100 per loop turn, so the reply goes out in slices, in order, whole; with
+    more than 8 turns' worth waiting the gateway stops reading its lanes, and reads them again."""
     import ray
 
-    def sliced() -> int:
-        return ray.get(hub.router.gateways[0].actor.stats.remote(), timeout=30)["deliveries_sliced"]
+    def stats() -> tuple[int, int, bool]:
+        gateway = ray.get(hub.router.gateways[0].actor.stats.remote(), timeout=30)
+        lanes = gateway["shard_client"]
+        return gateway["deliveries_sliced"], lanes["lane_pauses"], lanes["lanes_paused"]
 
     async def scenario():
         subscribers = [await HubClient.open(hub.ws_urls[0], f"seag/burst-{i}", make_token(f"seag/burst-{i}"))
@@ -86,14 +89,15 @@ def test_a_burst_of_publishes_is_written_over_several_loop_turns_in_order(hub):
         for subscriber in subscribers:
             await subscriber.request("hub:subscribe", {"topic": "burst"})
         publisher = await HubClient.open(hub.ws_urls[0], "browser/burst", make_token("browser/burst"))
-        before = sliced()
+        sliced, pauses, _ = stats()
         publisher.send_burst([publisher.envelope("hub:publish", {"topic": "burst", "message": n})
                               for n in range(100)])
         acks = [await publisher.recv() for _ in range(100)]
         assert [a["payload"]["deliveredCount"] for a in acks] == [20] * 100
         for subscriber in subscribers:
             assert [(await subscriber.recv())["payload"]["message"] for _ in range(100)] == list(range(100))
-        assert sliced() > before
+        after = stats()
+        assert after[0] > sliced and after[1] > pauses and after[2] is False
         for client in subscribers + [publisher]:
             await client.close()
 

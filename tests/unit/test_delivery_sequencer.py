@@ -266,13 +266,29 @@ def test_a_large_bundle_is_applied_in_slices_one_per_loop_turn(recorder, fake_lo
     # This turn: items until 10 deliveries are reached (4 + 4 + 4); the rest waits.
     assert names(recorder.applied) == [["m0", "m1", "m2"]]
     assert (sequencer.waiting, sequencer.sliced) == (28, 1)
-    assert fake_loop.run_turn() == 1
+    fake_loop.run_turn()
     assert names(recorder.applied)[1:] == [["m3", "m4", "m5"]]
-    assert fake_loop.run_turn() == 1
-    assert fake_loop.run_turn() == 1
+    fake_loop.run_turn()
+    fake_loop.run_turn()
     assert names(recorder.applied)[2:] == [["m6", "m7", "m8"], ["m9"]]
-    assert fake_loop.run_turn() == 0  # nothing left, nothing scheduled
+    while fake_loop.run_turn():
+        pass
+    assert len(recorder.applied) == 4  # nothing more
     assert (sequencer.waiting, sequencer.sliced) == (0, 3)
+
+
+def test_the_limit_counts_every_bundle_of_a_turn(recorder, fake_loop):
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
+    for seq in range(3):
+        sequencer.accept(("s", "e", seq, deliveries(f"b{seq}-", 1, 6)))
+    # 6, then 6 more crosses 10 (an item is never split); the third waits for the next turn.
+    assert names(recorder.applied) == [["b0-0"], ["b1-0"]] and sequencer.waiting == 6
+    fake_loop.run_turn()
+    assert names(recorder.applied)[2:] == [["b2-0"]]
+    while fake_loop.run_turn():
+        pass
+    sequencer.accept(("s", "e", 3, deliveries("b3-", 1, 6)))  # a new turn: applied at once
+    assert names(recorder.applied)[3:] == [["b3-0"]]
 
 
 def test_bundles_behind_a_sliced_one_wait_their_turn_in_order(recorder, fake_loop):
@@ -284,17 +300,17 @@ def test_bundles_behind_a_sliced_one_wait_their_turn_in_order(recorder, fake_loo
     while fake_loop.run_turn():
         pass
     assert names(recorder.applied) == [["a0", "a1"], ["a2", "a3"], ["b0", "c0"]]
-    # With nothing waiting, a small bundle is applied at once again.
+    # With nothing waiting, in a new turn, a small bundle is applied at once again.
     sequencer.accept(("s", "e", 2, deliveries("d", 1, 1)))
     assert names(recorder.applied)[-1] == ["d0"]
-    assert fake_loop.ready == []
+    assert sequencer.waiting == 0
 
 
 def test_one_item_larger_than_the_limit_is_applied_whole(recorder, fake_loop):
     sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
     sequencer.accept(("s", "e", 0, deliveries("x", 1, 500)))  # a message to 500 connections
     assert names(recorder.applied) == [["x0"]]
-    assert fake_loop.ready == [] and sequencer.sliced == 0
+    assert (sequencer.waiting, sequencer.sliced) == (0, 0)
 
 
 def test_without_a_limit_every_bundle_is_applied_whole(recorder, fake_loop):
@@ -304,10 +320,10 @@ def test_without_a_limit_every_bundle_is_applied_whole(recorder, fake_loop):
     assert fake_loop.ready == []
 
 
-def test_a_backlog_of_deliveries_pauses_reading_until_one_turn_is_left(recorder, fake_loop):
+def test_a_backlog_of_deliveries_pauses_until_one_turn_is_left(recorder, fake_loop):
     calls: list[bool] = []
     sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10, on_backlog=calls.append)
-    over = DeliverySequencer.BACKLOG_TURNS * 10  # deliveries waiting past which reading stops
+    over = DeliverySequencer.BACKLOG_TURNS * 10  # deliveries waiting past which the lanes are not read
     sequencer.accept(("s", "e", 0, deliveries("m", 10 + over, 1)))  # 10 now, `over` wait: not past it
     assert (sequencer.waiting, calls, sequencer.backlogged) == (over, [], False)
     sequencer.accept(("s", "e", 1, deliveries("n", 1, 1)))  # one more waits: past it
@@ -340,16 +356,31 @@ def test_a_failing_slice_does_not_stop_the_next_ones(fake_loop, caplog):
     assert names(applied) == [["m0", "m1"], ["m2", "m3"]]
 
 
+def test_closing_drops_what_waits(recorder, fake_loop):
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
+    sequencer.accept(("s", "e", 0, deliveries("m", 5, 10)))
+    sequencer.close()
+    while fake_loop.run_turn():
+        pass
+    sequencer.accept(("s", "e", 1, deliveries("n", 1, 1)))
+    assert names(recorder.applied) == [["m0"]] and sequencer.waiting == 0
+
+
 def test_other_work_runs_between_the_slices_on_a_real_loop():
     async def scenario():
         loop = asyncio.get_running_loop()
         order: list[str] = []
-        sequencer = DeliverySequencer(lambda items: order.extend(item[1] for item in items), TIMEOUT, loop,
-                                      max_per_turn=100)
+
+        def apply(items):
+            order.extend(item[1] for item in items)
+            loop.call_soon(order.append, "written")  # as the gateway's writes at the end of the turn
+
+        sequencer = DeliverySequencer(apply, TIMEOUT, loop, max_per_turn=100)
         sequencer.accept(("s", "e", 0, deliveries("m", 3, 100)))
         loop.call_soon(order.append, "other")  # e.g. a read: scheduled behind the next slice
-        while sequencer.waiting or len(order) < 4:
+        while sequencer.waiting or len(order) < 7:
             await asyncio.sleep(0)
-        assert order == ["m0", "m1", "other", "m2"]
+        # Each slice is written before the next is applied; other work runs between them.
+        assert order == ["m0", "written", "m1", "other", "written", "m2", "written"]
 
     run_with_loop(scenario)
