@@ -76,6 +76,10 @@ class Wire(Protocol):
         every recipient of a fan-out. Without ``payload`` the connection takes it from ``frame``
         when it needs it (a compressed connection)."""
 
+    def flush(self) -> None:
+        """Write now what this connection holds for the end of the loop turn (frames are corked:
+        a turn's frames leave in one write)."""
+
     def close(self, code: int = 1000, reason: str = "") -> None: ...
 
     def ping(self) -> None:

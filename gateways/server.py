@@ -269,6 +269,9 @@ class Connection(asyncio.Protocol):
         self._corked_bytes += len(frame)
         return True
 
+    def flush(self) -> None:
+        self.uncork()
+
     def uncork(self) -> None:
         corked = self._corked
         if not corked:

@@ -309,9 +309,15 @@ class NodeSession(DialectSession):
 
     def __init__(self, dialect: NodeIngestDialect, wire: Wire) -> None:
         super().__init__(dialect, wire)
-        self.feed = NodeFeed(dialect, wire.send_binary,
+        self.feed = NodeFeed(dialect, self._reply,
                              lambda: self.shut(CLOSE_INTERNAL_ERROR, "internal error", "internal_error"))
         self.keepalive = Keepalive(dialect.mx.ping_interval_s, dialect.mx.idle_timeout_s)
+
+    def _reply(self, frame: bytes) -> None:
+        """An ACK leaves at once: the shards' reply that brings it also brings the block's
+        deliveries, which this turn writes after it, and the node can send its next block meanwhile."""
+        self.wire.send_binary(frame)
+        self.wire.flush()
 
     def on_message(self, data: bytes, is_text: bool) -> None:
         if self.closed:
