@@ -177,6 +177,20 @@ def test_repeated_cases_run_in_a_row_and_compare_run_for_run():
     assert repeated(cases, 1) is cases
 
 
+def test_each_run_of_a_baqend_case_writes_into_a_bucket_of_its_own():
+    from router.bench import plan_cases, repeated
+    from router.bench.scenarios import Options
+
+    class Peer:  # a system without a router: no processes to read
+        def urls(self):
+            return ["ws://127.0.0.1:1/v1/events"]
+
+    cases = repeated(plan_cases("queries", ["baqend"], Options(params={"baqend.queries": "1000"})), 2)
+    buckets = [{spec["bucket"] for _, spec in case.jobs(Peer())} for case in cases]
+    assert [len(run) for run in buckets] == [1, 1]  # the writer and every receiver share the run's bucket
+    assert buckets[0] != buckets[1]
+
+
 def test_a_missing_extra_is_named_with_what_to_install(monkeypatch):
     import importlib.util
 

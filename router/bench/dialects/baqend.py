@@ -34,6 +34,7 @@ Shards: 2 document and 2 query shards (the default count; ``ROUTER_SHARDS__DOCUM
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from typing import Any
@@ -111,7 +112,7 @@ class Layout:
         hits = self.writes_to(self.group(query), writes)
         return hits + max(0, hits - SORTED_LIMIT) if self.is_sorted(query) else hits
 
-    def receivers(self, system: Any, writes: int, procs: int, latency: bool,
+    def receivers(self, system: Any, bucket: str, writes: int, procs: int, latency: bool,
                   pids: dict[str, list[int]]) -> list[tuple[str, dict[str, Any]]]:
         connections = [{"url": url_of(system, index),
                         "queries": [[query, self.group(query), self.is_sorted(query)] for query in self.held_by(index)]}
@@ -123,7 +124,7 @@ class Layout:
                 expected = sum(self.writes_to(self.group(query), writes) for query in held)
             else:
                 expected = sum(self.frames(query, writes) for query in held)
-            out.append(("baqend_receivers", {"connections": group, "bucket": self.bucket, "expected": expected,
+            out.append(("baqend_receivers", {"connections": group, "bucket": bucket, "expected": expected,
                                              "latency": latency, "pids": pids}))
         return out
 
@@ -159,11 +160,17 @@ def _server_pids(system: Any) -> dict[str, list[int]]:
 def _jobs(system: Any, layout: Layout, params: dict[str, Any], writes: int, rate: float | None,
           procs: int) -> list[tuple[str, dict[str, Any]]]:
     """The receivers (holding the queries) and the writer; each reads the router's CPU (the
-    writer as it starts, a receiver as it ends) so a case tells what a write cost."""
+    writer as it starts, a receiver as it ends) so a case tells what a write cost. Each run of a
+    case has a bucket of its own: a repeat (``--repeat``) starts empty, as the first run did, and
+    does not load the documents of the run before it into its queries' initial results."""
     pids = _server_pids(system)
-    writer = {"bucket": layout.bucket, "groups": layout.groups, "writes": writes, "rate": rate,
+    bucket = f"{layout.bucket}_{next(_RUNS)}"
+    writer = {"bucket": bucket, "groups": layout.groups, "writes": writes, "rate": rate,
               "inflight": params["inflight"], "rest_connections": params["rest_connections"], "pids": pids}
-    return [*layout.receivers(system, writes, procs, rate is not None, pids), ("baqend_writer", writer)]
+    return [*layout.receivers(system, bucket, writes, procs, rate is not None, pids), ("baqend_writer", writer)]
+
+
+_RUNS = itertools.count(1)
 
 
 def _role(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
