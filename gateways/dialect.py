@@ -71,6 +71,9 @@ class Wire(Protocol):
 
     def send_binary(self, payload: bytes) -> bool: ...
 
+    def send_binaries(self, payloads: list[bytes]) -> bool:
+        """Binary messages in order, their frames in one write."""
+
     def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
         """Write ``frame`` (``gateways.server.frame_header`` + ``payload``), built once and shared by
         every recipient of a fan-out. Without ``payload`` the connection takes it from ``frame``

@@ -243,6 +243,17 @@ class Connection(asyncio.Protocol):
     def send_binary(self, payload: bytes) -> bool:
         return self._send(_BINARY, payload)
 
+    def send_binaries(self, payloads: list[bytes]) -> bool:
+        """Binary messages in order: their frames in one corked write (through ``websockets``, one by
+        one, when the connection is compressed)."""
+        if self.compressed:
+            return all([self.send_frame(b"", _BINARY, payload) for payload in payloads])
+        parts = []
+        for payload in payloads:
+            parts.append(frame_header(_BINARY, len(payload)))
+            parts.append(payload)
+        return self.send_frame(b"".join(parts), _BINARY, b"")
+
     def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
         """Write a frame prebuilt by :func:`frame_header` (fan-out); falls back when compressed (on
         ``payload``, else the frame without its header)."""

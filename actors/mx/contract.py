@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from actors.mx.match import Subscription
 
-__all__ = ["Op", "Stream", "BlockItem", "block_item", "MxEvent", "mx_event", "subscribe", "publish", "Subscription"]
+__all__ = ["Op", "Stream", "BlockItem", "block_item", "MxFrames", "mx_frames", "subscribe", "publish", "Subscription"]
 
 
 class Op:
@@ -39,11 +39,11 @@ def block_item(stream: int, fields: tuple | None, topic: str, tail: bytes) -> tu
     return (stream, fields, topic, tail)
 
 
-class MxEvent(NamedTuple):
-    """Layout of a ``DELIVER_EVENT`` payload to a consumer (a plain tuple: one per item)."""
+class MxFrames(NamedTuple):
+    """Layout of a ``DELIVER_EVENT`` payload to one consumer (a plain tuple: one per consumer per
+    block): the frame tails of a block's items that consumer's filters select, in block order."""
 
-    topic: str
-    tail: bytes
+    tails: tuple[bytes, ...]
     meta: tuple | None
 
 
@@ -57,5 +57,5 @@ def publish(items: list, meta: tuple | None = None) -> tuple:
     return (Op.PUBLISH, items, meta)
 
 
-def mx_event(topic: str, tail: bytes, meta: Any) -> tuple:
-    return (topic, tail, meta)
+def mx_frames(tails: tuple[bytes, ...], meta: Any) -> tuple:
+    return (tails, meta)

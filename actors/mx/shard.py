@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.mx.contract import Op, Stream, mx_event
+from actors.mx.contract import Op, Stream, mx_frames
 from actors.mx.match import MxMatchIndex, Subscription
 from actors.shard import Component, Handler
-from router.contract import DELIVER_EVENT, Location, group_by_gateway
+from router.contract import DELIVER_EVENT, Location
 from router.shardmap import TOPIC
 
 
@@ -27,14 +27,17 @@ class MxFilters(Component):
     def publish(self, gateway_id: str, items: list[tuple], meta: tuple | None = None) -> int:
         """Deliver a block's items to the connections they select; returns the deliveries.
 
-        The payload delivered is an ``MxEvent`` layout: (topic, tail, meta).
+        Each connection gets one ``MxFrames`` payload: the tails of the items it selects, in block
+        order (its gateway writes them in one go, each with the consumer's next counter). A tail is
+        one object shared by every connection it goes to: the lane pickles it once.
         """
         index = self.index
         if index.empty:
             return 0
         delivered = 0
         everyone = None
-        for stream, fields, topic, tail in items:
+        selected: dict[Location, list[bytes]] = {}
+        for stream, fields, _topic, tail in items:
             if stream == Stream.EVENT:
                 keys = index.match_fields(*fields)
             elif stream == Stream.BLOCK:
@@ -42,10 +45,16 @@ class MxFilters(Component):
                 everyone = keys
             else:
                 keys = index.all_connections()
-            if not keys:
-                continue
-            self.emit(group_by_gateway(keys), mx_event(topic, tail, meta), DELIVER_EVENT)
+            for key in keys:
+                tails = selected.get(key)
+                if tails is None:
+                    selected[key] = [tail]
+                else:
+                    tails.append(tail)
             delivered += len(keys)
+        emit = self.emit
+        for (gateway, connection_id), tails in selected.items():
+            emit({gateway: (connection_id,)}, mx_frames(tuple(tails), meta), DELIVER_EVENT)
         return delivered
 
     def purge_connection(self, location: Location) -> None:

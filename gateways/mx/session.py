@@ -31,7 +31,6 @@ from gateways.mx.codec import InvalidFrame, InvalidSubscription
 from gateways.mx.config import MxConfig
 from gateways.mx.ingest import NodeIngestDialect
 from gateways.keepalive import CLOSE_IDLE, Keepalive
-from gateways.server import frame_header
 from router import contract
 from router.errors import CommandError, ShardUnavailable
 from router.shardmap import TOPIC
@@ -42,7 +41,6 @@ DIALECT = "mx"
 CLOSE_UNSUPPORTED = 1003
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
-_BINARY = 0x2  # the hub's frames are binary
 
 
 def connection_key(gateway_id: str, connection_id: int) -> str:
@@ -179,9 +177,23 @@ class HubSession(DialectSession):
     # -- to the consumer ------------------------------------------------------------------------
 
     def on_event(self, payload: Any) -> None:
+        """A block's frames for this consumer (``MxFrames``: the tails its filters select, in order).
+
+        With nothing queued and the socket under its write bound (and no ACKs asked for), they are
+        written together: each with the consumer's next counter, one write, one accounting group.
+        Otherwise each takes its turn through the queue, as a single frame would."""
         if self.closed:
             return
-        topic, tail, meta = payload
+        tails, meta = payload
+        if not self.with_acknowledge and not self.queue and self._can_write():
+            self._write_frames(tails, meta)
+            return
+        for tail in tails:
+            self._take(tail, meta)
+            if self.closed:
+                return
+
+    def _take(self, tail: bytes, meta: tuple | None) -> None:
         queue = self.queue
         if not queue and self._can_write():
             self._write(tail, meta)
@@ -196,48 +208,20 @@ class HubSession(DialectSession):
             dialect.over_budget()
         self._pump_later()
 
-    @staticmethod
-    def fan_out(payload: Any, sessions: list) -> None:
-        """One event for several consumers (``Gateway._fan_out``): each frame is the consumer's own
-        (its counter in fields 1-3, then the event's shared tail), written in one loop with one
-        accounting group per frame size. A consumer waiting for an ACK, with frames queued, or at
-        its write bound takes the event through ``on_event`` (it queues it in order)."""
-        topic, tail, meta = payload
-        written: dict[int, list[int]] = {}  # frame size -> connections (sizes differ by the counter's varint)
-        headers: dict[int, bytes] = {}  # frame size -> its WebSocket header
-        tail_size = len(tail)
-        head = codec.frame_head
-        hub = HubSession
-        dialect = None
-        for session in sessions:
-            if type(session) is not hub or session.closed:
-                session.on_event(payload)
-                continue
-            wire = session.wire
-            if session.with_acknowledge or session.queue or \
-                    wire.outbound_bytes() >= session.config.max_write_buffer_bytes:
-                session.on_event(payload)
-                continue
-            counter = session.counter = session.counter + 1
-            fields = head(counter)
-            size = len(fields) + tail_size
-            dialect = session.dialect
-            dialect.delivered += 1
-            ids = written.get(size)
-            if ids is None:
-                header = headers[size] = frame_header(_BINARY, size)
-                ids = written[size] = []
-            else:
-                header = headers[size]
-            if wire.send_frame(b"".join((header, fields, tail)), _BINARY):
-                ids.append(wire.id)
-            elif meta is not None:
-                session.gateway.account_delivery(meta, size, wire.id, False)
-        if meta is not None and written:
-            account = dialect.gateway.account_fanout
-            for size, ids in written.items():
-                if ids:
-                    account(meta, size, ids)
+    def _write_frames(self, tails: tuple[bytes, ...], meta: tuple | None) -> None:
+        counter, head = self.counter, codec.frame_head
+        frames = []
+        size = 0
+        for tail in tails:
+            counter += 1
+            frame = head(counter) + tail
+            frames.append(frame)
+            size += len(frame)
+        self.counter = counter
+        sent = self.wire.send_binaries(frames)
+        self.dialect.delivered += len(frames)
+        if meta is not None:
+            self.gateway.account_deliveries(meta, size, len(frames), self.wire.id, sent)
 
     def on_drain(self) -> None:
         self._pump()

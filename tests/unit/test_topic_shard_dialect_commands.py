@@ -67,21 +67,26 @@ def test_mx_filters_select_events_once_per_connection(shard):
                        mx.subscribe(3, Subscription("Identifier", identifier="nothing-like-this"))])
     results, bundle = shard.handle("g", [mx.publish(items)])
     delivered = items_of(bundle)
+    # one payload per connection: the tails its filters select, in block order
     to = {}
-    for kind, (topic, tail, meta), connections, _ in delivered:
-        assert kind == DELIVER_EVENT
-        for connection in connections:
-            to.setdefault(connection, []).append(topic)
+    for kind, (tails, meta), connections, _ in delivered:
+        assert kind == DELIVER_EVENT and len(connections) == 1 and connections[0] not in to
+        to[connections[0]] = list(tails)
+    tail_of = {id(e): codec.frame_tail(codec.EVENTS_TOPIC, e.SerializeToString()) for e in normalized.events}
     expected_2 = [e for e in normalized.events if e.address == first.address or e.identifier == first.identifier]
-    assert to[1] == [codec.EVENTS_TOPIC] * len(normalized.events) + [codec.BLOCK_TXS_TOPIC, codec.BLOCK_SCRS_TOPIC]
-    assert to[2] == [codec.EVENTS_TOPIC] * len(expected_2)
+    assert to[1] == [tail for _, _, _, tail in items]  # All: every event, then the block's txs and scrs
+    assert to[1][:len(normalized.events)] == [tail_of[id(e)] for e in normalized.events]
+    assert to[2] == [tail_of[id(e)] for e in expected_2]
     assert 3 not in to
-    assert results == [sum(len(c) for _, _, c, _ in delivered)]
+    assert results == [sum(len(tails) for _, (tails, _), _, _ in delivered)]
+    shared = {id(tail) for tails in to.values() for tail in tails}
+    assert len(shared) == len(items)  # a tail is one object, whoever it goes to
     # revert / finalized reach every connection with a filter
     _, revert_items = block_items(node.normalize_revert(saved.BlockData))
     assert revert_items[0][0] == MX_BLOCK
     _, bundle = shard.handle("g", [mx.publish(revert_items)])
-    assert sorted(items_of(bundle)[0][2]) == [1, 2, 3]
+    assert sorted(item[2][0] for item in items_of(bundle)) == [1, 2, 3]
+    assert all(tails == (revert_items[0][3],) for _, (tails, _), _, _ in items_of(bundle))
     # a closed connection's filters go with its purge
     shard.handle("g", [contract.purge(1)])
     _, bundle = shard.handle("g", [mx.publish(items)])
