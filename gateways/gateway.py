@@ -28,7 +28,7 @@ from gateways.server import Connection, Listener, frame_header
 from gateways.shardclient import DeliverySequencer, ShardClient
 from router.settings import RouterSettings
 from router import contract
-from router.contract import DELIVER_EVENT, DELIVER_TEXT
+from router.contract import DELIVER_EVENT, DELIVER_EVENTS, DELIVER_TEXT
 from router.eventlog import EventLog
 from router.metrics import GatewayMetrics
 from router.proc import raise_open_file_limit, tune_gc
@@ -337,7 +337,7 @@ class Gateway:
     def _apply(self, items: list) -> None:
         connections = self.connections
         for kind, payload, connection_ids, meta in items:
-            if kind == DELIVER_EVENT:
+            if kind == DELIVER_EVENT or kind == DELIVER_EVENTS:
                 if len(connection_ids) > 1:
                     self._fan_out(payload, connection_ids)
                     continue
@@ -346,7 +346,7 @@ class Gateway:
                     if connection is not None and connection.session is not None:
                         connection.session.on_event(payload)
                     else:
-                        self.undeliverable += 1
+                        self.undeliverable += len(payload[0]) if kind == DELIVER_EVENTS else 1
                 continue
             opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
             frame = frame_header(opcode, len(payload)) + payload  # built once for every recipient

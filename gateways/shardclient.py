@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from router import contract
+from router.contract import delivery_weight
 from router import lane as lanes
 from router.errors import CommandError, ShardUnavailable
 from router.lane import LaneClient
@@ -657,7 +658,7 @@ class DeliverySequencer:
     ``timeout_s`` (a bundle was lost, e.g. its call failed), the sequencer skips past it and
     counts the skip. A new epoch (the shard restarted) starts a fresh sequence.
 
-    At most about ``max_per_turn`` deliveries (recipients of items) are applied in one event-loop
+    At most about ``max_per_turn`` deliveries (``contract.delivery_weight``) are applied in one event-loop
     turn, counted over every bundle of the turn: the rest, and every bundle after it, wait in order
     for the next turns, so that one shard reply (a thousand publishes to a thousand subscribers
     each) never holds the loop for seconds: reads, acks, pings and timers run between the slices,
@@ -754,7 +755,7 @@ class DeliverySequencer:
         if budget > 0:
             cut = len(items)
             for index, item in enumerate(items):
-                count += len(item[2])
+                count += delivery_weight(item)
                 if count >= budget:
                     cut = index + 1
                     break
@@ -782,7 +783,7 @@ class DeliverySequencer:
         for index in range(start, len(items)):
             item = items[index]
             later.append(item)
-            count += len(item[2])
+            count += delivery_weight(item)
         self._later_count += count
         if not self.backlogged and self._later_count > self.BACKLOG_TURNS * self.max_per_turn:
             self._set_backlogged(True)
@@ -816,7 +817,7 @@ class DeliverySequencer:
         while later and count < limit:
             item = later.popleft()
             items.append(item)
-            count += len(item[2])
+            count += delivery_weight(item)
         self._later_count -= count
         if self.backlogged and self._later_count <= limit:
             self._set_backlogged(False)

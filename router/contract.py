@@ -36,6 +36,16 @@ def now_ms() -> int:
 DELIVER_TEXT = 0  # payload is the UTF-8 body of a text frame, written as is to every recipient
 DELIVER_BINARY = 1  # payload is the body of a binary frame
 DELIVER_EVENT = 2  # payload is a dialect event, handed to each recipient's session (``on_event``)
+# Like DELIVER_EVENT, for an event that carries several messages to each recipient (an mx block's
+# frames for one consumer): its first field is their sequence, and the gateway counts each message
+# as a delivery (``delivery_weight``: the slices of a loop turn, undeliverable counts).
+DELIVER_EVENTS = 3
+
+
+def delivery_weight(item: tuple) -> int:
+    """The deliveries a ``Delivery`` item makes: one per recipient, times its messages for DELIVER_EVENTS."""
+    kind, payload, connection_ids, _ = item
+    return len(connection_ids) * len(payload[0]) if kind == DELIVER_EVENTS else len(connection_ids)
 
 
 class Op:
@@ -113,7 +123,7 @@ def retag(meta: tuple, kind: str | None, topic: str | None) -> tuple:
 class Delivery(NamedTuple):
     """Layout of one item of a bundle: one payload for some connections of one gateway."""
 
-    kind: int  # DELIVER_TEXT, DELIVER_BINARY or DELIVER_EVENT
+    kind: int  # DELIVER_TEXT, DELIVER_BINARY, DELIVER_EVENT or DELIVER_EVENTS
     payload: Any  # bytes encoded once by the publishing gateway, or a dialect event
     connection_ids: tuple[int, ...]
     meta: tuple | None  # an EventMeta when the delivery is to be counted and logged as it is written

@@ -7,7 +7,7 @@ from typing import Any
 from actors.mx.contract import Op, Stream, mx_frames
 from actors.mx.match import MxMatchIndex, Subscription
 from actors.shard import Component, Handler
-from router.contract import DELIVER_EVENT, Location
+from router.contract import DELIVER_EVENTS, Location
 from router.shardmap import TOPIC
 
 
@@ -54,7 +54,7 @@ class MxFilters(Component):
             delivered += len(keys)
         emit = self.emit
         for (gateway, connection_id), tails in selected.items():
-            emit({gateway: (connection_id,)}, mx_frames(tuple(tails), meta), DELIVER_EVENT)
+            emit({gateway: (connection_id,)}, mx_frames(tuple(tails), meta), DELIVER_EVENTS)
         return delivered
 
     def purge_connection(self, location: Location) -> None:

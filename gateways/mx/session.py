@@ -1,10 +1,11 @@
 """mx-notifier hub consumers at ``/hub/ws``: subscriptions, per-connection counters, ACKs, backpressure.
 
 A consumer's filters live in the topic shard that owns the connection (``mx/<gateway>/<id>``);
-every shard matches each event once against all the filters it holds and delivers
-``(topic, tail, meta)``, where ``tail`` is the part of the PAYLOAD frame every recipient shares
-(encoded once by the ingesting gateway). Here each connection puts its own header in front:
-version, ``with_acknowledge`` and its counter (1, 2, 3… per connection).
+every shard matches each event once against all the filters it holds and delivers to each
+connection, once per block, ``(tails, meta)``: the tails of the frames it selects, in order, a tail
+being the part of the PAYLOAD frame every recipient shares (encoded once by the ingesting gateway).
+Here each connection puts its own header in front: version, ``with_acknowledge`` and its counter
+(1, 2, 3… per connection).
 
 Flow control, per connection: with acknowledgements one PAYLOAD is out at a time and the next
 waits for the ACK carrying its counter (no ACK within ``ack_timeout_s``: close 1008); without,
@@ -64,6 +65,7 @@ class MxHubDialect(Dialect):
         super().__init__(gateway)
         self.config = config
         self.queued_total = 0
+        self.queued_ever = 0  # frames that waited in a queue (the write bound, or an ACK) since start
         self.dropped = Counter()  # reason -> frames dropped silently
         self.closed = Counter()  # reason -> connections closed by the router
         self.delivered = 0
@@ -94,6 +96,7 @@ class MxHubDialect(Dialect):
         return {
             "connections": len(self.sessions),
             "queued": self.queued_total,
+            "queued_ever": self.queued_ever,
             "delivered": self.delivered,
             "dropped": dict(self.dropped),
             "closed": dict(self.closed),
@@ -179,17 +182,18 @@ class HubSession(DialectSession):
     def on_event(self, payload: Any) -> None:
         """A block's frames for this consumer (``MxFrames``: the tails its filters select, in order).
 
-        With nothing queued and the socket under its write bound (and no ACKs asked for), they are
-        written together: each with the consumer's next counter, one write, one accounting group.
-        Otherwise each takes its turn through the queue, as a single frame would."""
+        Without ACKs and with nothing queued, the frames that fit under the write bound are written
+        together (each with the consumer's next counter, one write, one accounting group), as one
+        frame at a time would have been; the rest, and all of them with ACKs, take their turn
+        through the queue."""
         if self.closed:
             return
         tails, meta = payload
-        if not self.with_acknowledge and not self.queue and self._can_write():
-            self._write_frames(tails, meta)
-            return
-        for tail in tails:
-            self._take(tail, meta)
+        start = 0
+        if not self.with_acknowledge and not self.queue:
+            start = self._write_frames(tails, meta)
+        for index in range(start, len(tails)):
+            self._take(tails[index], meta)
             if self.closed:
                 return
 
@@ -204,24 +208,36 @@ class HubSession(DialectSession):
         queue.append((tail, meta))
         dialect = self.dialect
         dialect.queued_total += 1
+        dialect.queued_ever += 1
         if dialect.queued_total > self.config.max_queued_total:
             dialect.over_budget()
         self._pump_later()
 
-    def _write_frames(self, tails: tuple[bytes, ...], meta: tuple | None) -> None:
+    def _write_frames(self, tails: tuple[bytes, ...], meta: tuple | None) -> int:
+        """Write the first frames of ``tails`` while the unsent bytes are under the write bound (a
+        frame goes while they are, as :meth:`_can_write` has it); returns how many went."""
+        room = self.config.max_write_buffer_bytes - self.wire.outbound_bytes()
         counter, head = self.counter, codec.frame_head
         frames = []
-        size = 0
+        size = 0  # payload bytes, for the accounting
+        pending = 0  # wire bytes, against the room
         for tail in tails:
+            if pending >= room:
+                break
             counter += 1
             frame = head(counter) + tail
             frames.append(frame)
-            size += len(frame)
+            length = len(frame)
+            size += length
+            pending += length + (2 if length < 126 else 4 if length < 65536 else 10)
+        if not frames:
+            return 0
         self.counter = counter
         sent = self.wire.send_binaries(frames)
         self.dialect.delivered += len(frames)
         if meta is not None:
             self.gateway.account_deliveries(meta, size, len(frames), self.wire.id, sent)
+        return len(frames)
 
     def on_drain(self) -> None:
         self._pump()

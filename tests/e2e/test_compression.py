@@ -1,6 +1,6 @@
 """``gateway.compression``: permessage-deflate negotiated with clients that offer it; fan-out frames
-built once (Signal Hub) or per consumer (mx, whose fan-out hands the connection a frame without its
-payload) reach compressed connections whole and in order."""
+built once (Signal Hub) or per consumer (mx, whose block of frames for a consumer goes to
+``send_binaries``, one compressed message each) reach compressed connections whole and in order."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from gateways.mx import codec, node
 from tests.e2e.client import run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.mx_client import Consumer, Node
-from tests.e2e.test_mx import block, hub_urls
+from tests.e2e.test_mx import block, hub_stats, hub_urls
 
 pytestmark = pytest.mark.e2e
 
@@ -52,6 +52,8 @@ def test_frames_queued_behind_the_write_bound_follow_without_the_socket_filling(
         await feeder.finalize(saved[-1])
         got = await consumer.until_finalized(saved[-1].BlockData.HeaderHash.hex(), timeout=10)
         assert [m for t, m in got if t == codec.EVENTS_TOPIC] == events
+        # a block's frames past the bound went through the queue, not one write of the whole block
+        assert hub_stats(mx_small_buffer, 0)["mx"]["queued_ever"] > 0
         assert [t for t, _ in got if t != codec.EVENTS_TOPIC] == [codec.BLOCK_TXS_TOPIC, codec.BLOCK_SCRS_TOPIC] * 3
         assert sum(len(m.SerializeToString()) for t, m in got if t == codec.EVENTS_TOPIC) > 4 * WRITE_BUFFER
         await consumer.close()

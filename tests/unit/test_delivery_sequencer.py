@@ -384,3 +384,17 @@ def test_other_work_runs_between_the_slices_on_a_real_loop():
         assert order == ["m0", "written", "m1", "other", "written", "m2", "written"]
 
     run_with_loop(scenario)
+
+
+def test_an_item_of_several_messages_weighs_as_many_deliveries(recorder, fake_loop):
+    """DELIVER_EVENTS (an mx block's frames for one consumer) counts each message, not its one recipient."""
+    from router.contract import DELIVER_EVENTS, delivery_weight
+
+    blocks = [(DELIVER_EVENTS, ((b"t",) * 6, None), (n,), None) for n in range(3)]
+    assert [delivery_weight(item) for item in blocks] == [6, 6, 6]
+    sequencer = DeliverySequencer(recorder, TIMEOUT, fake_loop, max_per_turn=10)
+    sequencer.accept(("s", "e", 0, blocks))
+    assert [[item[2] for item in batch] for batch in recorder.applied] == [[(0,), (1,)]]  # 12 frames reach 10
+    assert sequencer.waiting == 6
+    fake_loop.run_turn()
+    assert [item[2] for item in recorder.applied[1]] == [(2,)]

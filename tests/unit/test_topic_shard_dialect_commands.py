@@ -14,7 +14,7 @@ from actors.mx.shard import MxFilters
 from actors.pubsub import PubSub
 from actors.shard import Shard
 from router import contract
-from router.contract import DELIVER_EVENT
+from router.contract import DELIVER_EVENT, DELIVER_EVENTS
 from router.shardmap import TOPIC
 from gateways.mx import codec, generator, node
 from gateways.mx.ingest import block_items
@@ -70,7 +70,7 @@ def test_mx_filters_select_events_once_per_connection(shard):
     # one payload per connection: the tails its filters select, in block order
     to = {}
     for kind, (tails, meta), connections, _ in delivered:
-        assert kind == DELIVER_EVENT and len(connections) == 1 and connections[0] not in to
+        assert kind == DELIVER_EVENTS and len(connections) == 1 and connections[0] not in to
         to[connections[0]] = list(tails)
     tail_of = {id(e): codec.frame_tail(codec.EVENTS_TOPIC, e.SerializeToString()) for e in normalized.events}
     expected_2 = [e for e in normalized.events if e.address == first.address or e.identifier == first.identifier]
