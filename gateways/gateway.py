@@ -233,7 +233,7 @@ class Gateway:
         corked, self._corked = self._corked, []
         for connection in corked:
             try:
-                connection.uncork()
+                connection.flush()
             except Exception:
                 logger.exception("connection %s: write failed", connection.id)
 

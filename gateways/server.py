@@ -281,9 +281,6 @@ class Connection(asyncio.Protocol):
         return True
 
     def flush(self) -> None:
-        self.uncork()
-
-    def uncork(self) -> None:
         corked = self._corked
         if not corked:
             return
@@ -502,7 +499,7 @@ class Connection(asyncio.Protocol):
 
     def _write_out(self, chunks: list[bytes]) -> None:
         if self._corked:
-            self.uncork()  # control frames (pong, close) never overtake data frames
+            self.flush()  # control frames (pong, close) never overtake data frames
         transport = self.transport
         for chunk in chunks:
             if chunk:

@@ -40,7 +40,7 @@ def block_item(stream: int, fields: tuple | None, topic: str, tail: bytes) -> tu
 
 
 class MxFrames(NamedTuple):
-    """Layout of a ``DELIVER_EVENT`` payload to one consumer (a plain tuple: one per consumer per
+    """Layout of a ``DELIVER_EVENTS`` payload to one consumer (a plain tuple: one per consumer per
     block): the frame tails of a block's items that consumer's filters select, in block order."""
 
     tails: tuple[bytes, ...]
