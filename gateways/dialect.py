@@ -66,6 +66,7 @@ class Wire(Protocol):
     query: str
     dropped: int
     last_activity: float  # time.monotonic() of the last bytes received (pings included)
+    compressed: bool  # permessage-deflate: a prebuilt frame is not written as it is (send_frame)
 
     def send_text(self, payload: bytes) -> bool: ...
 
