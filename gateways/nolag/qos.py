@@ -34,7 +34,10 @@ SEEN_CAP = 10_000  # QoS 2 ids remembered per connection
 
 
 class Unacked:
-    """A QoS 1/2 frame not yet acknowledged; ``attempts``: how many times the socket took it."""
+    """A QoS 1/2 frame not yet acknowledged; ``attempts``: how many times the socket took it.
+
+    Never changed once made: a fan-out shares one among the windows of all the recipients whose
+    socket took the frame (:meth:`QosWindow.track`); a redelivery replaces a window's entry."""
 
     __slots__ = ("frame", "ts_ms", "attempts", "due", "qos", "topic")
 
@@ -50,6 +53,8 @@ class QosWindow:
         self.max_unacked = max_unacked
         self.unacked: OrderedDict[str, Unacked] = OrderedDict()  # msg id -> its frame, oldest first
         self.unwritten: dict[str, None] = {}  # the ones of them the socket has not taken yet, oldest first
+        # No entry is due before this (a lower bound): a tick before it has nothing to look at.
+        self.next_due = float("inf")
         # Acknowledgements are opt-in: a client that never acks (the nolag SDK 2.6.0 does not) is not
         # sent each message again and again; one that has acked once gets redeliveries.
         self.acks_seen = False
@@ -96,19 +101,29 @@ class QosWindow:
                   now: float) -> None:
         """``frame`` was handed to the socket at ``now`` (``sent``: whether the socket took it;
         ``now`` is read only for a frame that waits for its ack)."""
-        if sent and ts_ms > self.positions.get(topic, 0):
-            self.positions[topic] = ts_ms
-        if self.requires_ack(msg_id, qos):
-            if qos == 2 and sent:
-                self.seen(msg_id)
-            unacked = self.unacked
-            if len(unacked) >= self.max_unacked:
-                dropped_id, dropped = unacked.popitem(last=False)
-                self.unwritten.pop(dropped_id, None)
-                self._pin(dropped)
-            unacked[msg_id] = Unacked(frame, ts_ms, 1 if sent else 0, now + self.ack_timeout_s, qos, topic)
-            if not sent:
-                self.unwritten[msg_id] = None
+        if not self.requires_ack(msg_id, qos):
+            if sent and ts_ms > self.positions.get(topic, 0):
+                self.positions[topic] = ts_ms
+            return
+        if qos == 2 and sent:
+            self.seen(msg_id)
+        self.track(msg_id, Unacked(frame, ts_ms, 1 if sent else 0, now + self.ack_timeout_s, qos, topic), sent)
+
+    def track(self, msg_id: str, entry: Unacked, taken: bool = True) -> None:
+        """A frame waits for its ack: ``entry`` (``attempts`` 1 and due ``ack_timeout_s`` after the
+        write if the socket ``taken`` it, else 0) may be shared with other windows."""
+        if taken and entry.ts_ms > self.positions.get(entry.topic, 0):
+            self.positions[entry.topic] = entry.ts_ms
+        unacked = self.unacked
+        if len(unacked) >= self.max_unacked:
+            dropped_id, dropped = unacked.popitem(last=False)
+            self.unwritten.pop(dropped_id, None)
+            self._pin(dropped)
+        unacked[msg_id] = entry
+        if not taken:
+            self.unwritten[msg_id] = None
+        if entry.due < self.next_due:
+            self.next_due = entry.due
 
     def _pin(self, entry: Unacked) -> None:
         """``entry`` leaves the window unacked: its topic's floor stays below it (the log keeps it)."""
@@ -122,33 +137,45 @@ class QosWindow:
         """An ``ack`` or ``batchAck`` (even an empty one: the connection acks, so it gets
         redeliveries); True if it is the first sign that the actor acks."""
         first = not self.acks_seen
-        self.acks_seen = True
+        if first:
+            self.acks_seen = True
+            self.next_due = float("-inf")  # redeliveries start: what was written before may be due
         unacked, unwritten = self.unacked, self.unwritten
+        pop = unacked.pop
         for msg_id in msg_ids:
-            unacked.pop(msg_id, None)
-            unwritten.pop(msg_id, None)
+            pop(msg_id, None)
+        if unwritten:
+            for msg_id in msg_ids:
+                unwritten.pop(msg_id, None)
         return first
 
     def resend_due(self, now: float, send: Callable[[bytes], bool]) -> int:
         """Write again, oldest first, what is due at ``now`` with ``send`` (True: the socket took
         it); QoS 1 ones past ``max_attempts`` leave the window, pinned. Returns how many were written."""
+        if now < self.next_due:
+            return 0  # nothing is due yet
         if self.acks_seen:
             waiting = list(self.unacked.items())
         elif self.unwritten:  # a client that does not ack: only first writes
             waiting = [(msg_id, self.unacked[msg_id]) for msg_id in self.unwritten]
         else:
+            self.next_due = float("inf")
             return 0
         written = 0
+        next_due = float("inf")  # of the entries that may be written later
+        unacked = self.unacked
         for msg_id, entry in waiting:
-            if entry.due > now:
+            if entry.attempts and (entry.qos == 2 or not self.acks_seen):
+                continue  # QoS 2 is never written twice; a client that does not ack is never resent
+            due = entry.due
+            if due > now:
+                if due < next_due:
+                    next_due = due
                 continue
-            if entry.attempts:  # a redelivery
-                if entry.qos == 2 or not self.acks_seen:
-                    continue  # QoS 2 is never written twice; a client that does not ack is never resent
-                if entry.attempts >= self.max_attempts:
-                    del self.unacked[msg_id]  # given up: the log keeps it for a reconnect's replay
-                    self._pin(entry)
-                    continue
+            if entry.attempts >= self.max_attempts:  # a redelivery, but the last one was the last
+                del unacked[msg_id]  # given up: the log keeps it for a reconnect's replay
+                self._pin(entry)
+                continue
             if send(entry.frame):
                 written += 1
                 self.unwritten.pop(msg_id, None)
@@ -156,10 +183,14 @@ class QosWindow:
                     self.seen(msg_id)
                 if entry.ts_ms > self.positions.get(entry.topic, 0):
                     self.positions[entry.topic] = entry.ts_ms
-                entry.due = now + self.ack_timeout_s * self.ack_backoff ** entry.attempts
-                entry.attempts += 1
+                due = now + self.ack_timeout_s * self.ack_backoff ** entry.attempts
+                attempts = entry.attempts + 1
             else:
-                entry.due = now + self.ack_timeout_s
+                due, attempts = now + self.ack_timeout_s, entry.attempts
+            unacked[msg_id] = Unacked(entry.frame, entry.ts_ms, attempts, due, entry.qos, entry.topic)
+            if due < next_due:
+                next_due = due
+        self.next_due = next_due
         return written
 
     # -- positions, reconnect and replay --------------------------------------------------------
@@ -191,9 +222,12 @@ class QosWindow:
             lower(topic, floor)
         for topic, (floor, _) in self.carried.items():
             lower(topic, floor)
+        current = floors.get  # inlined (a window may hold max_unacked entries, read each checkpoint)
         for entry in self.unacked.values():
             if entry.qos == 1 or not entry.attempts:  # a QoS 2 one written is never replayed
-                lower(entry.topic, entry.ts_ms - 1)
+                floor = entry.ts_ms - 1
+                if floor < current(entry.topic, floor):  # a topic without a position stays out
+                    floors[entry.topic] = floor
         return floors
 
     def restore(self, seen_ids: Iterable[str], acks: bool = False) -> None:

@@ -43,7 +43,7 @@ from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from gateways.nolag.config import NolagConfig
-from gateways.nolag.qos import QosWindow
+from gateways.nolag.qos import QosWindow, Unacked
 from gateways.server import frame_header
 from gateways.shardclient import ShardLink
 from router import contract
@@ -724,12 +724,16 @@ class NolagSession(DialectSession):
             if acked is None:
                 frame = codec.message_packed(topic, packed, msg_id, True, False, filter_, None, ts_ms)
                 acked = (frame, frame_header(_BINARY, len(frame)) + frame)
-            sent = wire.send_frame(acked[1], _BINARY, acked[0])
-            window.delivered(topic, msg_id, level, ts_ms, acked[0], sent, now)
-            if sent:
+                # The recipients whose socket takes the frame share one window entry (level 1 here;
+                # every window of a gateway has its ack timeout).
+                entry = Unacked(frame, ts_ms, 1, now + window.ack_timeout_s, 1, topic)
+            if wire.send_frame(acked[1], _BINARY, acked[0]):
+                window.track(msg_id, entry)
                 written_acked.append(wire.id)
-            elif meta is not None:
-                session.gateway.account_delivery(meta, len(acked[0]), wire.id, False)
+            else:
+                window.delivered(topic, msg_id, level, ts_ms, acked[0], False, now)
+                if meta is not None:
+                    session.gateway.account_delivery(meta, len(acked[0]), wire.id, False)
         if meta is not None:
             if written_plain:
                 sessions[0].gateway.account_fanout(meta, len(plain[0]), written_plain)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gateways.nolag.qos import SEEN_CAP, QosWindow
+from gateways.nolag.qos import SEEN_CAP, QosWindow, Unacked
 
 T = "chat/general/messages"
 U = "chat/general/other"
@@ -114,6 +114,48 @@ def test_redelivery_backoff_then_give_up_after_max_attempts():
     assert list(qos.unacked) == []
     assert qos.floors() == {T: 0}  # but not skipped: a reconnect replays it from the log
     assert due(qos, 1e9) == []
+
+
+def test_a_tick_before_the_earliest_due_looks_at_nothing_and_a_first_ack_makes_everything_due():
+    qos = window()  # 5 s, x2
+    write(qos, "m1", 1, 1, now=0.0)
+    write(qos, "m2", 1, 2, now=1.0)
+    assert qos.next_due == 5.0  # the earliest entry's
+    assert due(qos, 6.0) == [] and qos.next_due == float("inf")  # no acks yet: none will ever be due
+    write(qos, "m3", 1, 3, now=7.0)
+    assert qos.next_due == 12.0
+    qos.acked("m3")  # the first ack: m1 and m2, long past their due, go on the next tick
+    assert qos.next_due == float("-inf")
+    assert due(qos, 8.0) == [b"frame:m1", b"frame:m2"]
+    assert qos.next_due == 18.0  # 8 + 5 x 2: the earlier of the two resends' dues
+    assert due(qos, 17.999) == []
+    assert due(qos, 18.0) == [b"frame:m1", b"frame:m2"]
+
+
+def test_the_lower_bound_holds_with_an_unsent_frame_behind_a_resent_one():
+    qos = window()
+    qos.acked()
+    write(qos, "m1", 1, 1, now=0.0)
+    assert due(qos, 5.0) == [b"frame:m1"] and qos.next_due == 15.0
+    write(qos, "m2", 1, 2, now=6.0, sent=False)  # due at once... at 11: before m1's 15
+    assert qos.next_due == 11.0
+    assert due(qos, 11.0) == [b"frame:m2"]
+    assert qos.unacked["m2"].attempts == 1 and qos.next_due == 15.0
+
+
+def test_windows_share_a_fan_outs_entry_and_a_resend_replaces_only_its_own():
+    shared = Unacked(b"frame:m", 4, 1, 5.0, 1, T)
+    first, second = window(), window()
+    for qos in (first, second):
+        qos.track("m", shared)
+    assert first.unacked["m"] is shared and second.unacked["m"] is shared
+    assert first.positions == second.positions == {T: 4}
+    first.acked()
+    assert due(first, 5.0) == [b"frame:m"]
+    assert first.unacked["m"].attempts == 2 and first.unacked["m"].due == 15.0
+    assert (shared.attempts, shared.due) == (1, 5.0) and second.unacked["m"] is shared
+    second.acked("m")
+    assert list(second.unacked) == [] and list(first.unacked) == ["m"]
 
 
 def test_backoff_counts_from_the_actual_resend_and_other_settings():
