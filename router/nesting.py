@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 MAX_NESTING = 32  # objects/maps and arrays, the message itself being level 1
+_CONTAINERS = (dict, list, tuple)
 
 
 def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
@@ -25,7 +26,9 @@ def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
             continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+        # The children's types first, at C speed: a flat array (a batch of ids) needs no walk.
+        if any(issubclass(kind, _CONTAINERS) for kind in set(map(type, children))):
+            stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
     return False
 
 

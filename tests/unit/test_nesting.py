@@ -32,6 +32,18 @@ def test_too_deep_counts_dicts_and_lists_from_the_top():
     assert too_deep(nested(100_000))  # iterative: no recursion to exhaust
 
 
+def test_a_container_among_many_scalars_and_subclasses_of_containers_still_count():
+    class Map(dict):
+        pass
+
+    assert not too_deep(["id"] * 10_000 + [nested(31)]) and too_deep(["id"] * 10_000 + [nested(32)])
+    deep: object = Map()
+    for _ in range(40):
+        deep = Map(x=deep)
+    assert too_deep(["a", 1, deep]) and too_deep((deep,))
+    assert not too_deep({"msgIds": ["a"] * 1000, "n": 1.5, "b": b"x"})
+
+
 def test_json_with_few_brackets_cannot_nest_too_deep_so_the_walk_is_skipped():
     text = json.dumps(nested(32))
     assert not json_may_nest_deeper(text) and not json_may_nest_deeper(text.encode())
