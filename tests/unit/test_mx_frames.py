@@ -44,6 +44,19 @@ def test_wire_frames_are_the_payload_frames_behind_their_websocket_headers(count
     assert payload_size == size
 
 
+def test_every_frame_length_at_the_edges_of_the_websocket_length_forms():
+    """Tails whose frames, with a head of 4, 5 or 6 bytes, are 125/126 and 65,535/65,536 bytes long."""
+    wanted = set(range(118, 124)) | set(range(65_528, 65_534))
+    lengths = [length for length in range(60, 70_000) if len(tail_of(length)) in wanted]
+    assert {len(tail_of(length)) for length in lengths} == wanted
+    tails = tuple(tail_of(length) for length in lengths)
+    for counter in (0x7F - 2, 0x80 - 1, 0x3FFF - 3, 0x4000 - 1, 0x1FFFFF - 5):
+        expected = reference(counter, lengths)
+        data, count, size = wire_frames(counter, tails, 1 << 40)
+        assert data == b"".join(frame_header(0x2, len(frame)) + frame for frame in expected), counter
+        assert (count, size) == (len(tails), sum(len(frame) for frame in expected))
+
+
 def test_frames_stop_once_the_wire_bytes_reach_the_room():
     tails = tuple(tail_of(200) for _ in range(10))
     frame = reference(0x3FFF, [200])[0]
