@@ -92,11 +92,48 @@ def decode(text: str) -> tuple[str, list[int]]:
     return hrp, data[:-6]
 
 
+def _two_steps(state: int) -> int:
+    """:func:`_polymod`'s update for two zero values (it is linear: values are xored in after)."""
+    for _ in range(2):
+        top = state >> 25
+        state = (state & 0x1FFFFFF) << 5
+        for bit in range(5):
+            if (top >> bit) & 1:
+                state ^= _GENERATOR[bit]
+    return state
+
+
+# The address path (every event of a block carries one) checks two 5-bit values a step: what the
+# update xors in for each value of the 10 bits it shifts out, as one lookup; the state once the
+# HRP is in; the pairs' characters. A 32-byte key padded to 260 bits is 26 pairs, high to low.
+_PAIR_MASKS = tuple(_two_steps(top << 20) for top in range(1024))
+_HRP_STATE = _polymod(_expand_hrp(HRP))
+_PAIR_TEXT = tuple(CHARSET[pair >> 5] + CHARSET[pair & 31] for pair in range(1024))
+_PAIR_SHIFTS = tuple(range(250, -1, -10))
+
+
+def _encode_key(public_key: bytes) -> str:
+    """``encode(HRP, _convert_bits(public_key, 8, 5, pad=True))`` for a 32-byte key, at a fraction
+    of its cost: pairs of 5-bit groups read from one integer, the checksum two groups a step."""
+    number = int.from_bytes(public_key, "big") << 4
+    pairs = [(number >> shift) & 1023 for shift in _PAIR_SHIFTS]
+    masks = _PAIR_MASKS
+    state = _HRP_STATE
+    for pair in pairs:
+        state = (state & 0xFFFFF) << 10 ^ pair ^ masks[state >> 20]
+    for _ in range(3):  # six zero values
+        state = (state & 0xFFFFF) << 10 ^ masks[state >> 20]
+    state ^= 1
+    pairs.extend(((state >> 20) & 1023, (state >> 10) & 1023, state & 1023))
+    text = _PAIR_TEXT
+    return HRP + "1" + "".join([text[pair] for pair in pairs])
+
+
 def encode_address(public_key: bytes) -> str:
     """``erd1...`` of a 32-byte address."""
     if len(public_key) != ADDRESS_LENGTH:
         raise Bech32Error(f"an address is {ADDRESS_LENGTH} bytes, not {len(public_key)}")
-    return encode(HRP, _convert_bits(public_key, 8, 5, pad=True))
+    return _encode_key(public_key)
 
 
 def decode_address(address: str) -> bytes:
@@ -118,4 +155,4 @@ def try_encode_address(public_key: bytes) -> str | None:
     """
     if len(public_key) != ADDRESS_LENGTH:
         return None
-    return encode(HRP, _convert_bits(public_key, 8, 5, pad=True))
+    return _encode_key(public_key)

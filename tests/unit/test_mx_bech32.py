@@ -162,6 +162,22 @@ def test_round_trip(key):
     assert decode_address(address) == key
 
 
+@settings(max_examples=500)
+@given(keys)
+def test_the_address_path_equals_the_general_encoder(key):
+    """``encode_address`` (two groups a checksum step, from one integer) writes what BIP-173's
+    general ``encode`` of the key's 5-bit groups writes."""
+    expected = encode("erd", _convert_bits(key, 8, 5, pad=True))
+    assert encode_address(key) == expected
+    try_encode_address.cache_clear()
+    assert try_encode_address(key) == expected
+
+
+@pytest.mark.parametrize("key", [bytes(32), b"\xff" * 32, b"\x80" + bytes(31), bytes(31) + b"\x01"])
+def test_the_address_path_at_the_edges(key):
+    assert encode_address(key) == encode("erd", _convert_bits(key, 8, 5, pad=True))
+
+
 @given(keys, st.integers(min_value=4, max_value=61), st.sampled_from(CHARSET))
 def test_any_single_substitution_is_detected(key, position, replacement):
     address = encode_address(key)
