@@ -144,11 +144,45 @@ class NolagTopics(Component):
             self._log_pending.append(LogRecord(key, msg_id, ts_ms, packed, qos, filter_))
             if exclude is not None and self._excluded is not None:
                 self._excluded[msg_id] = (gateway_id, exclude)
-        chosen = self.subscriptions.route(key, filter_, None if exclude is None else (gateway_id, exclude))
-        if chosen:
-            self.emit(group_by_gateway(chosen), message(topic, packed, msg_id, qos, filter_, ts_ms, sender, meta),
-                      DELIVER_EVENT)
-        return len(chosen)
+        routes, count = self._routes(key, filter_, gateway_id, exclude)
+        if count:
+            self.emit(routes, message(topic, packed, msg_id, qos, filter_, ts_ms, sender, meta), DELIVER_EVENT)
+        return count
+
+    def _routes(self, key: str, filter_: str | None, gateway_id: str, exclude: int | None) -> tuple[dict, int]:
+        """Who gets a publish, as fan-out routes, and how many. An unfiltered publish to a topic
+        without load-balance groups goes to every wildcard subscriber: those routes are kept until
+        the topic's subscriptions change (a publish no longer walks its subscribers twice), and
+        ``exclude`` (``echo: false``) is cut out of its gateway's tuple."""
+        subscriptions = self.subscriptions
+        if filter_ is not None:
+            chosen = subscriptions.route(key, filter_, None if exclude is None else (gateway_id, exclude))
+            return group_by_gateway(chosen), len(chosen)
+        plain = subscriptions.memo(key, lambda: self._plain_routes(key))
+        if plain is None:  # load-balance groups take turns: routed each time
+            chosen = subscriptions.route(key, None, None if exclude is None else (gateway_id, exclude))
+            return group_by_gateway(chosen), len(chosen)
+        routes, count = plain
+        if exclude is not None:
+            ids = routes.get(gateway_id)
+            if ids is not None and exclude in ids:
+                at = ids.index(exclude)
+                routes = dict(routes)
+                rest = ids[:at] + ids[at + 1:]
+                if rest:
+                    routes[gateway_id] = rest
+                else:
+                    del routes[gateway_id]
+                count -= 1
+        return routes, count
+
+    def _plain_routes(self, key: str) -> tuple[dict, int] | None:
+        """The routes of an unfiltered publish to ``key`` excluding nobody (None: the topic has
+        load-balance groups)."""
+        if self.subscriptions.has_groups(key):
+            return None
+        chosen = self.subscriptions.route(key)
+        return group_by_gateway(chosen), len(chosen)
 
     def logged(self, gateway_id: str, key: str, after_ms: int, limit: int) -> list[LoggedMessage]:
         topic = topic_of(key)

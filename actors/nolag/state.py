@@ -20,7 +20,7 @@ Choices (also in ``docs/nolag.md``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 Location = Hashable
 
@@ -41,6 +41,7 @@ class Subscriptions:
         self._topics: dict[str, dict[Location, Subscriber]] = {}
         self._by_location: dict[Location, set[str]] = {}
         self._turn = 0
+        self._memo: dict[str, Any] = {}  # topic -> a value derived from its subscriptions (memo)
 
     def subscribe(self, topic: str, location: Location, filters: Iterable[str] = (), qos: int = 1,
                   group: str | None = None) -> bool:
@@ -52,12 +53,14 @@ class Subscriptions:
             subscriber.served = previous.served
         subscribers[location] = subscriber
         self._by_location.setdefault(location, set()).add(topic)
+        self._memo.pop(topic, None)
         return previous is None
 
     def unsubscribe(self, topic: str, location: Location) -> bool:
         subscribers = self._topics.get(topic)
         if subscribers is None or subscribers.pop(location, None) is None:
             return False
+        self._memo.pop(topic, None)
         if not subscribers:
             del self._topics[topic]
         topics = self._by_location[location]
@@ -72,6 +75,7 @@ class Subscriptions:
         if subscriber is None:
             return False
         subscriber.filters = frozenset(filters)
+        self._memo.pop(topic, None)
         return True
 
     def purge_connection(self, location: Location) -> list[str]:
@@ -93,6 +97,19 @@ class Subscriptions:
 
     def count(self, topic: str) -> int:
         return len(self._topics.get(topic, ()))
+
+    def has_groups(self, topic: str) -> bool:
+        """Whether a subscriber of ``topic`` is in a load-balance group (its routes take turns)."""
+        return any(subscriber.group is not None for subscriber in self._topics.get(topic, {}).values())
+
+    def memo(self, topic: str, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once and kept until ``topic``'s subscriptions change (a subscribe,
+        an unsubscribe, new filters); ``make`` must derive its value from them alone."""
+        memo = self._memo
+        if topic in memo:
+            return memo[topic]
+        value = memo[topic] = make()
+        return value
 
     def route(self, topic: str, filter: str | None = None, exclude: Location | None = None) -> list[Location]:
         return [subscriber.location for subscriber in self.route_subscribers(topic, filter, exclude)]
