@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from google.protobuf.message import DecodeError
@@ -158,8 +159,34 @@ def payload_frame(counter: int, topic: str, payload: bytes, with_acknowledge: bo
 
 
 def frame_tail(topic: str, payload: bytes) -> bytes:
-    """Fields 4-6 of a PAYLOAD frame (type, topic, payload): the part shared by every recipient."""
-    return mx_hub_pb2.WsMessage(type=PAYLOAD, topic=topic, payload=payload).SerializeToString()
+    """Fields 4-6 of a PAYLOAD frame (type, topic, payload): the part shared by every recipient.
+
+    Written as protobuf writes them (field order, empty fields omitted), without building a
+    message: one per event of every block (1.2 → 0.3 µs)."""
+    head = _tail_head(topic)
+    length = len(payload)
+    if not length:
+        return head
+    if 0x80 <= length < 0x4000:  # the common case: the field's length in 2 varint bytes
+        return b"".join((head, bytes((0x32, (length & 0x7F) | 0x80, length >> 7)), payload))
+    return b"".join((head, _varint_field(0x32, length), payload))
+
+
+@lru_cache(maxsize=64)
+def _tail_head(topic: str) -> bytes:
+    """Fields 4 (type PAYLOAD) and 5 (``topic``, when not empty) of a tail."""
+    encoded = topic.encode()
+    return bytes((0x20, PAYLOAD)) + (_varint_field(0x2A, len(encoded)) + encoded if encoded else b"")
+
+
+def _varint_field(tag: int, value: int) -> bytes:
+    """A field's tag byte and a varint (a length-delimited field's length)."""
+    out = bytearray((tag,))
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def frame_with_tail(counter: int, tail: bytes, with_acknowledge: bool = False) -> bytes:

@@ -120,6 +120,13 @@ def test_frame_with_tail_equals_the_protobuf_encoding(counter, topic, payload, w
     assert decode_frame(built) == Frame(1, with_acknowledge, counter, PAYLOAD, topic, payload)
 
 
+@pytest.mark.parametrize("length", [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21])
+@pytest.mark.parametrize("topic", ["", "all_events", "t" * 127, "t" * 128, "é"])
+def test_a_tail_is_what_protobuf_writes_at_each_length_edge(length, topic):
+    payload = bytes(range(256)) * (length // 256) + bytes(length % 256)
+    assert frame_tail(topic, payload) == mx_hub_pb2.WsMessage(type=PAYLOAD, topic=topic, payload=payload).SerializeToString()
+
+
 @pytest.mark.parametrize("counter", [0, 1, 127, 128, 129, 16383, 16384, 2**21 - 1, 2**21])
 @pytest.mark.parametrize("with_acknowledge", [False, True])
 def test_frame_head_at_each_varint_boundary(counter, with_acknowledge):
