@@ -6,11 +6,13 @@ topic shard in one ``publish`` each, and each shard matches it against the filte
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, NamedTuple
 
 from actors.mx.match import Subscription
 
-__all__ = ["Op", "Stream", "BlockItem", "block_item", "MxFrames", "mx_frames", "subscribe", "publish", "Subscription"]
+__all__ = ["Op", "Stream", "BlockItem", "block_item", "MxFrames", "mx_frames", "subscribe", "publish", "unpack_items",
+           "Subscription"]
 
 
 class Op:
@@ -53,8 +55,16 @@ def subscribe(connection_id: int, subscription: Subscription) -> tuple:
 
 
 def publish(items: list, meta: tuple | None = None) -> tuple:
-    """Deliver a block's items (``block_item`` layouts) to the connections they select; answers how many."""
-    return (Op.PUBLISH, items, meta)
+    """Deliver a block's items (``block_item`` layouts) to the connections they select; answers how
+    many. The items travel pickled once (:func:`unpack_items`): the same block goes to every topic
+    shard, and a lane would otherwise pickle it again for each."""
+    return (Op.PUBLISH, pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL), meta)
+
+
+def unpack_items(packed: bytes) -> list:
+    """A ``publish``'s items, as the gateway gave them (it and the shard trust each other's pickles
+    on a lane already)."""
+    return pickle.loads(packed)
 
 
 def mx_frames(tails: tuple[bytes, ...], meta: Any) -> tuple:

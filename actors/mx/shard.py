@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.mx.contract import Op, Stream, mx_frames
+from actors.mx.contract import Op, Stream, mx_frames, unpack_items
 from actors.mx.match import MxMatchIndex, Subscription
 from actors.shard import Component, Handler
 from router.contract import DELIVER_EVENTS, Location
@@ -24,8 +24,9 @@ class MxFilters(Component):
     def subscribe(self, gateway_id: str, connection_id: int, subscription: Subscription) -> bool:
         return self.index.add((gateway_id, connection_id), subscription)
 
-    def publish(self, gateway_id: str, items: list[tuple], meta: tuple | None = None) -> int:
-        """Deliver a block's items to the connections they select; returns the deliveries.
+    def publish(self, gateway_id: str, packed: bytes, meta: tuple | None = None) -> int:
+        """Deliver a block's items (``packed``: ``contract.publish``) to the connections they
+        select; returns the deliveries.
 
         Each connection gets one ``MxFrames`` payload: the tails of the items it selects, in block
         order (its gateway writes them in one go, each with the consumer's next counter). A tail is
@@ -34,6 +35,7 @@ class MxFilters(Component):
         index = self.index
         if index.empty:
             return 0
+        items = unpack_items(packed)
         delivered = 0
         everyone = None
         selected: dict[Location, list[bytes]] = {}
