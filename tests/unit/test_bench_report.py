@@ -3,6 +3,7 @@ generator's frame counting."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -205,3 +206,42 @@ def test_a_missing_extra_is_named_with_what_to_install(monkeypatch):
     assert missing_extras(plan_cases("fanout", ["signal"], Options())) == []
     with pytest.raises(Unavailable, match=r"redis client: pip install -e '.\[bench\]'"):
         RedisSystem(None).start()
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 100, 65_535, 65_536])
+def test_a_nolag_receivers_batch_ack_joins_the_ids_as_the_router_packed_them(count):
+    """The acking receivers slice each ``msgId`` out of the frame as MessagePack wrote it and join
+    them into ``batchAck`` without decoding: the router must read the very ids it sent."""
+    import msgpack
+
+    from gateways.nolag import codec
+    from router.bench.dialects.nolag import _Acker, batch_ack
+
+    ids = [f"{index:08x}-0000-4000-8000-000000000000" if index % 2 else f"m{index}" for index in range(count)]
+    frames = [codec.message_packed("app/room/t", msgpack.packb("x"), msg_id, True, False, None, None, 1)
+              for msg_id in ids]
+
+    class Client:
+        closed = type("Done", (), {"done": staticmethod(lambda: False)})()
+        sent: list[bytes] = []
+
+        def send(self, data: bytes) -> None:
+            self.sent.append(data)
+
+    class Dialect:
+        duplicates = acks = 0
+
+    async def receive() -> list[bytes]:
+        acker = _Acker(Client(), Dialect(), every=10**9)
+        assert [acker(frame) for frame in frames] == [1] * count
+        if count:
+            assert acker(frames[0]) == 0  # seen before: a redelivery, not counted again
+        ids_as_packed = acker.pending[:count]
+        acker.pending = []
+        acker.flush()  # nothing pending: no frame; cancels the idle timer
+        return ids_as_packed
+
+    packed = batch_ack(asyncio.run(receive()))
+    assert msgpack.unpackb(packed) == {"type": "batchAck", "msgIds": ids}
+    if count <= 1000:  # what the router accepts in one batchAck
+        assert codec.decode(packed) == codec.BatchAck(tuple(ids))

@@ -122,10 +122,10 @@ class _Acker:
         index += len(_MSG_ID)
         head = payload[index]
         if head == 0xD9:  # str 8 (a UUID's 36 characters)
-            start, length = index + 2, payload[index + 1]
+            end = index + 2 + payload[index + 1]
         else:  # fixstr
-            start, length = index + 1, head & 0x1F
-        msg_id = payload[start:start + length]
+            end = index + 1 + (head & 0x1F)
+        msg_id = payload[index:end]  # as MessagePack wrote it: a batchAck carries it as it is
         self.pending.append(msg_id)
         if len(self.pending) >= self.every:
             self.flush()
@@ -144,8 +144,24 @@ class _Acker:
         if not self.pending or self.client.closed.done():
             return
         ids, self.pending = self.pending, []
-        self.client.send(_PACK({"type": "batchAck", "msgIds": [msg_id.decode() for msg_id in ids]}))
+        self.client.send(batch_ack(ids))
         self.dialect.acks += 1
+
+
+def batch_ack(packed_ids: list[bytes]) -> bytes:
+    """``{"type": "batchAck", "msgIds": [...]}`` of ids already packed as MessagePack strings,
+    joined without decoding them (the receivers' CPU is the router's machine's too)."""
+    count = len(packed_ids)
+    if count < 16:
+        header = bytes((0x90 | count,))
+    elif count < 65536:
+        header = b"\xdc" + count.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + count.to_bytes(4, "big")
+    return _BATCH_ACK_HEAD + header + b"".join(packed_ids)
+
+
+_BATCH_ACK_HEAD = b"\x82" + _PACK("type") + _PACK("batchAck") + _PACK("msgIds")
 
 
 class NolagClientDialect(Dialect):
