@@ -233,7 +233,9 @@ class QosWindow:
     def restore(self, seen_ids: Iterable[str], acks: bool = False) -> None:
         """Reconnect: the QoS 2 ids the actor had on earlier connections, and whether it acks."""
         self.seen(*seen_ids)
-        self.acks_seen = self.acks_seen or acks
+        if acks and not self.acks_seen:
+            self.acks_seen = True
+            self.next_due = float("-inf")  # redeliveries start: what was written before may be due
 
     def carry(self, floors: dict[str, int], positions: dict[str, int]) -> None:
         """Reconnect of an actor that had not shown it acks: what its earlier connections left

@@ -132,6 +132,18 @@ def test_a_tick_before_the_earliest_due_looks_at_nothing_and_a_first_ack_makes_e
     assert due(qos, 18.0) == [b"frame:m1", b"frame:m2"]
 
 
+def test_a_reconnect_that_restores_acks_makes_what_was_written_before_due():
+    """The actor acked on an earlier connection (restored after messages were already written
+    here): those messages are resent when due, as after a first ack on this connection."""
+    qos = window()  # 5 s
+    write(qos, "m1", 1, 1, now=0.0)
+    assert due(qos, 6.0) == [] and qos.next_due == float("inf")  # not known to ack yet
+    qos.restore([], acks=True)
+    assert due(qos, 7.0) == [b"frame:m1"]
+    qos.restore([], acks=True)  # again: nothing changes
+    assert due(qos, 7.5) == [] and qos.unacked["m1"].attempts == 2
+
+
 def test_the_lower_bound_holds_with_an_unsent_frame_behind_a_resent_one():
     qos = window()
     qos.acked()
