@@ -104,7 +104,10 @@ class Subscriptions:
 
     def memo(self, topic: str, make: Callable[[], Any]) -> Any:
         """``make()``, computed once and kept until ``topic``'s subscriptions change (a subscribe,
-        an unsubscribe, new filters); ``make`` must derive its value from them alone."""
+        an unsubscribe, new filters); ``make`` must derive its value from them alone. Nothing is
+        kept for a topic without subscribers (publishes to any number of such topics keep nothing)."""
+        if topic not in self._topics:
+            return make()
         memo = self._memo
         if topic in memo:
             return memo[topic]

@@ -103,3 +103,18 @@ def test_a_publish_delivers_through_the_kept_routes(shard):
                                                            None, "a")])
         assert results == [len(expected)]
         assert [connection_ids for _, _, connection_ids, _ in bundle[3]] == [expected]
+
+
+def test_publishes_to_topics_nobody_subscribes_to_keep_nothing(shard):
+    component = topics(shard)
+    subscribe(shard, "g", 1)
+    for index in range(1000):
+        key = nolag.topic_key("p", f"nobody/{index}/here")
+        results, bundle = shard.handle("g", [nolag.publish(key, f"nobody/{index}/here", b"\xc0", 0, None, None,
+                                                           None, "a")])
+        assert results == [0] and bundle is None
+    component._routes(KEY, None, "g", None)
+    assert list(component.subscriptions._memo) == [KEY]  # only the topic with a subscriber
+    run(shard, "g", nolag.unsubscribe(KEY, 1))
+    assert component._routes(KEY, None, "g", None) == ({}, 0)
+    assert component.subscriptions._memo == {}
