@@ -217,7 +217,8 @@ def test_a_nolag_receivers_batch_ack_joins_the_ids_as_the_router_packed_them(cou
     from gateways.nolag import codec
     from router.bench.dialects.nolag import _Acker, batch_ack
 
-    ids = [f"{index:08x}-0000-4000-8000-000000000000" if index % 2 else f"m{index}" for index in range(count)]
+    ids = [f"{index:08x}-0000-4000-8000-000000000000" if index % 3 == 1 else str(index).rjust(256, "x") if index % 3 == 2
+           else f"m{index}" for index in range(count)]  # str 8, str 16 (the longest id) and fixstr
     frames = [codec.message_packed("app/room/t", msgpack.packb("x"), msg_id, True, False, None, None, 1)
               for msg_id in ids]
 

@@ -123,6 +123,8 @@ class _Acker:
         head = payload[index]
         if head == 0xD9:  # str 8 (a UUID's 36 characters)
             end = index + 2 + payload[index + 1]
+        elif head == 0xDA:  # str 16 (an id of 256 characters)
+            end = index + 3 + int.from_bytes(payload[index + 1:index + 3], "big")
         else:  # fixstr
             end = index + 1 + (head & 0x1F)
         msg_id = payload[index:end]  # as MessagePack wrote it: a batchAck carries it as it is
