@@ -258,7 +258,10 @@ class Connection(asyncio.Protocol):
         """Write a frame prebuilt by :func:`frame_header` (fan-out); falls back when compressed (on
         ``payload``, else the frame without its header)."""
         ws = self.ws
-        if ws is None or ws.state is not OPEN:
+        # ``_state``, what websockets' ``state`` property returns, read without the property call:
+        # this runs once per recipient of every fan-out (tests/unit/test_server_ws_state.py holds
+        # websockets to it).
+        if ws is None or ws._state is not OPEN:
             return False
         if self._paused and self.outbound_bytes() > self.max_outbound:
             self.dropped += 1
