@@ -346,7 +346,7 @@ class Gateway:
                     if connection is not None and connection.session is not None:
                         connection.session.on_event(payload)
                     else:
-                        self.undeliverable += len(payload[0]) if kind == DELIVER_EVENTS else 1
+                        self.undeliverable += contract.event_messages(kind, payload)
                 continue
             opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
             frame = frame_header(opcode, len(payload)) + payload  # built once for every recipient

@@ -42,10 +42,15 @@ DELIVER_EVENT = 2  # payload is a dialect event, handed to each recipient's sess
 DELIVER_EVENTS = 3
 
 
+def event_messages(kind: int, payload: Any) -> int:
+    """How many messages one recipient of a delivery gets: those of a DELIVER_EVENTS payload, else one."""
+    return len(payload[0]) if kind == DELIVER_EVENTS else 1
+
+
 def delivery_weight(item: tuple) -> int:
     """The deliveries a ``Delivery`` item makes: one per recipient, times its messages for DELIVER_EVENTS."""
     kind, payload, connection_ids, _ = item
-    return len(connection_ids) * len(payload[0]) if kind == DELIVER_EVENTS else len(connection_ids)
+    return len(connection_ids) * event_messages(kind, payload)
 
 
 class Op:

@@ -154,14 +154,9 @@ class NolagTopics(Component):
         without load-balance groups goes to every wildcard subscriber: those routes are kept until
         the topic's subscriptions change (a publish no longer walks its subscribers twice), and
         ``exclude`` (``echo: false``) is cut out of its gateway's tuple."""
-        subscriptions = self.subscriptions
-        if filter_ is not None:
-            chosen = subscriptions.route(key, filter_, None if exclude is None else (gateway_id, exclude))
-            return group_by_gateway(chosen), len(chosen)
-        plain = subscriptions.memo(key, lambda: self._plain_routes(key))
-        if plain is None:  # load-balance groups take turns: routed each time
-            chosen = subscriptions.route(key, None, None if exclude is None else (gateway_id, exclude))
-            return group_by_gateway(chosen), len(chosen)
+        plain = None if filter_ is not None else self.subscriptions.memo(key, lambda: self._plain_routes(key))
+        if plain is None:  # filtered, or load-balance groups taking turns: walked each time
+            return self._walk(key, filter_, None if exclude is None else (gateway_id, exclude))
         routes, count = plain
         if exclude is not None:
             ids = routes.get(gateway_id)
@@ -179,9 +174,10 @@ class NolagTopics(Component):
     def _plain_routes(self, key: str) -> tuple[dict, int] | None:
         """The routes of an unfiltered publish to ``key`` excluding nobody (None: the topic has
         load-balance groups)."""
-        if self.subscriptions.has_groups(key):
-            return None
-        chosen = self.subscriptions.route(key)
+        return None if self.subscriptions.has_groups(key) else self._walk(key, None, None)
+
+    def _walk(self, key: str, filter_: str | None, exclude: Location | None) -> tuple[dict, int]:
+        chosen = self.subscriptions.route(key, filter_, exclude)
         return group_by_gateway(chosen), len(chosen)
 
     def logged(self, gateway_id: str, key: str, after_ms: int, limit: int) -> list[LoggedMessage]:

@@ -22,8 +22,8 @@ class Bech32Error(ValueError):
     """A string is not a valid bech32 string, or not an ``erd`` address."""
 
 
-def _polymod(values: list[int]) -> int:
-    checksum = 1
+def _polymod(values: list[int], checksum: int = 1) -> int:
+    """BIP-173's checksum state after ``values``, from ``checksum`` (1: the start)."""
     for value in values:
         top = checksum >> 25
         checksum = (checksum & 0x1FFFFFF) << 5 ^ value
@@ -92,21 +92,10 @@ def decode(text: str) -> tuple[str, list[int]]:
     return hrp, data[:-6]
 
 
-def _two_steps(state: int) -> int:
-    """:func:`_polymod`'s update for two zero values (it is linear: values are xored in after)."""
-    for _ in range(2):
-        top = state >> 25
-        state = (state & 0x1FFFFFF) << 5
-        for bit in range(5):
-            if (top >> bit) & 1:
-                state ^= _GENERATOR[bit]
-    return state
-
-
 # The address path (every event of a block carries one) checks two 5-bit values a step: what the
 # update xors in for each value of the 10 bits it shifts out, as one lookup; the state once the
 # HRP is in; the pairs' characters. A 32-byte key padded to 260 bits is 26 pairs, high to low.
-_PAIR_MASKS = tuple(_two_steps(top << 20) for top in range(1024))
+_PAIR_MASKS = tuple(_polymod([0, 0], top << 20) for top in range(1024))  # linear: values xored in after
 _HRP_STATE = _polymod(_expand_hrp(HRP))
 _PAIR_TEXT = tuple(CHARSET[pair >> 5] + CHARSET[pair & 31] for pair in range(1024))
 _PAIR_SHIFTS = tuple(range(250, -1, -10))

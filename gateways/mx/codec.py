@@ -162,7 +162,7 @@ def frame_tail(topic: str, payload: bytes) -> bytes:
     """Fields 4-6 of a PAYLOAD frame (type, topic, payload): the part shared by every recipient.
 
     Written as protobuf writes them (field order, empty fields omitted), without building a
-    message: one per event of every block (1.2 → 0.3 µs)."""
+    message: one per event of every block (1.2 → 0.5 µs)."""
     head = _tail_head(topic)
     length = len(payload)
     if not length:
@@ -180,7 +180,7 @@ def _tail_head(topic: str) -> bytes:
 
 
 def _varint_field(tag: int, value: int) -> bytes:
-    """A field's tag byte and a varint (a length-delimited field's length)."""
+    """A field's tag byte and a varint (a length-delimited field's length, or a varint field's value)."""
     out = bytearray((tag,))
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -206,16 +206,9 @@ def frame_head(counter: int, with_acknowledge: bool = False) -> bytes:
         if counter < 0x4000:
             return bytes((0x08, 0x01, 0x18, (counter & 0x7F) | 0x80, counter >> 7))
         return bytes((0x08, 0x01, 0x18, (counter & 0x7F) | 0x80, ((counter >> 7) & 0x7F) | 0x80, counter >> 14))
-    head = bytearray(b"\x08\x01")  # field 1 (version), varint 1
-    if with_acknowledge:
-        head += b"\x10\x01"  # field 2, true
-    if counter:
-        head.append(0x18)  # field 3, varint
-        while counter > 0x7F:
-            head.append((counter & 0x7F) | 0x80)
-            counter >>= 7
-        head.append(counter)
-    return bytes(head)
+    # field 1 (version), varint 1; field 2, true; field 3, varint (zero values are omitted)
+    return (b"\x08\x01" + (b"\x10\x01" if with_acknowledge else b"")
+            + (_varint_field(0x18, counter) if counter else b""))
 
 
 # -- subscribe -----------------------------------------------------------------------------------

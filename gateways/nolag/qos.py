@@ -138,8 +138,7 @@ class QosWindow:
         redeliveries); True if it is the first sign that the actor acks."""
         first = not self.acks_seen
         if first:
-            self.acks_seen = True
-            self.next_due = float("-inf")  # redeliveries start: what was written before may be due
+            self._acks_start()
         unacked, unwritten = self.unacked, self.unwritten
         pop = unacked.pop
         for msg_id in msg_ids:
@@ -234,8 +233,12 @@ class QosWindow:
         """Reconnect: the QoS 2 ids the actor had on earlier connections, and whether it acks."""
         self.seen(*seen_ids)
         if acks and not self.acks_seen:
-            self.acks_seen = True
-            self.next_due = float("-inf")  # redeliveries start: what was written before may be due
+            self._acks_start()
+
+    def _acks_start(self) -> None:
+        """The actor acks: redeliveries start, and what was written before may already be due."""
+        self.acks_seen = True
+        self.next_due = float("-inf")
 
     def carry(self, floors: dict[str, int], positions: dict[str, int]) -> None:
         """Reconnect of an actor that had not shown it acks: what its earlier connections left
