@@ -1203,6 +1203,10 @@ def test_undecodable_node_frames_decoded_off_the_loop_leave_no_memory_behind(fuz
             await push(batch)
         await raw.close()
         grown = (process.memory_info().rss - before) / (1 << 20)
-        assert grown <= 8, f"{grown:.1f} MiB more after {2 * frames} undecodable frames of {size >> 20} MiB"
+        # The leak kept every frame: 80 MiB here. Without it the growth is 0, 4 or 8 MiB and a few KiB:
+        # glibc keeps up to two 4 MiB buffers at the top of its heap untrimmed (its trim threshold
+        # follows the mmap threshold, raised to 4 MiB by the first freed frame), whichever run it is.
+        allowed = (2 * size + (4 << 20)) / (1 << 20)
+        assert grown <= allowed, f"{grown:.1f} MiB more after {2 * frames} undecodable frames of {size >> 20} MiB"
 
     run(scenario())
