@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from router.proc import free_port
+from router.proc import free_ports
 
 RAY = str(Path(sys.executable).with_name("ray"))
 # A lost node is noticed after health_check_period_ms x health_check_failure_threshold: Ray's
@@ -188,15 +188,16 @@ class LocalCluster:
         self._ray_root = Path(tempfile.mkdtemp(prefix="rlc-"))
         with open(os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
             file.write(secrets.token_hex(32))
-        port = free_port('')  # every interface, as Ray's own ports
+        # every interface, as Ray's own ports; the head's seven are picked together, all different
+        port, client, dashboard, *agents = free_ports(7, '')
         self.address = f"127.0.0.1:{port}"
         try:
-            self._start_node(0, ["--head", f"--port={port}", f"--ray-client-server-port={free_port('')}",
-                                 f"--dashboard-port={free_port('')}", "--include-dashboard=false",
-                                 f"--system-config={json.dumps(self.system_config)}"])
+            self._start_node(0, ["--head", f"--port={port}", f"--ray-client-server-port={client}",
+                                 f"--dashboard-port={dashboard}", "--include-dashboard=false",
+                                 f"--system-config={json.dumps(self.system_config)}"], agents)
             self._wait_for_gcs(port, timeout_s)
             for index in range(1, self.count):
-                self._start_node(index, [f"--address={self.address}"])
+                self._start_node(index, [f"--address={self.address}"], free_ports(4, ''))
             alive = self._live_nodes(self.count, timeout_s)
             for node in self.nodes:
                 if node.name not in alive:
@@ -208,14 +209,15 @@ class LocalCluster:
             raise
         return self
 
-    def _start_node(self, index: int, role: list[str]) -> None:
+    def _start_node(self, index: int, role: list[str], ports: list[int]) -> None:
         name = f"node-{index}"
+        listen, grpc, metrics, runtime_env = ports
         temp_dir = self._ray_root / str(index)
         command = [RAY, "start", "--block", *role, f"--node-name={name}", f"--temp-dir={temp_dir}",
                    f"--num-cpus={self.num_cpus}", f"--object-store-memory={OBJECT_STORE_BYTES}",
-                   "--min-worker-port=0", "--max-worker-port=0", f"--dashboard-agent-listen-port={free_port('')}",
-                   f"--dashboard-agent-grpc-port={free_port('')}", f"--metrics-export-port={free_port('')}",
-                   f"--runtime-env-agent-port={free_port('')}", "--include-log-monitor=false",
+                   "--min-worker-port=0", "--max-worker-port=0", f"--dashboard-agent-listen-port={listen}",
+                   f"--dashboard-agent-grpc-port={grpc}", f"--metrics-export-port={metrics}",
+                   f"--runtime-env-agent-port={runtime_env}", "--include-log-monitor=false",
                    "--disable-usage-stats"]
         # worker_niceness=0 as the embedded router (router/runtime.py); no drain on SIGTERM: stop()
         # has stopped the routers already, and a drain waits for detached actors that never leave.

@@ -17,6 +17,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different ports nothing listens on now, for one process that takes them all.
+
+    Each probe stays bound until every port is picked: ``free_port`` called again may get back
+    the port it just gave (its probe is closed), and Ray refuses to start a node given one port
+    for two of its components.
+    """
+    probes = []
+    try:
+        for _ in range(count):
+            probe = socket.socket()
+            probes.append(probe)
+            probe.bind((host, 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop where it is installed (every supported platform but Windows), else asyncio's own."""
     try:
