@@ -89,7 +89,7 @@ class ShardLink:
     """
 
     __slots__ = ("name", "handle", "commands", "callbacks", "timeouts", "inflight", "scheduled", "lane",
-                 "next_lane", "lane_batches", "reconnect", "epoch", "held", "retried_head")
+                 "next_lane", "lane_batches", "reconnect", "epoch", "held", "hold", "retried_head")
 
     def __init__(self, name: str, handle: Any) -> None:
         self.name = name
@@ -105,6 +105,7 @@ class ShardLink:
         self.reconnect: asyncio.Task | None = None
         self.epoch: str | None = None  # the shard incarnation this link last heard from
         self.held = False  # commands wait: the shard may have restarted, its epoch is not known yet
+        self.hold = 0  # which hold ``held`` is: a timer ends only its own hold, never a later one
         self.retried_head = 0  # commands a healing shard sent back, queued right after core.reannounced
 
 
@@ -385,11 +386,17 @@ class ShardClient:
         self.pending += len(indexes)
         self.retried += len(indexes)
         if not link.held:  # the whole link pauses a moment: the shard would send everything back
-            link.held = True
-            self.loop.call_later(_HEALING_RETRY_S, self._resume, link)
+            self._hold(link, _HEALING_RETRY_S, self._resume)
 
-    def _resume(self, link: ShardLink) -> None:
-        if link.held:
+    def _hold(self, link: ShardLink, seconds: float, end: Callable[[ShardLink, int], None]) -> None:
+        """Hold ``link``'s commands; ``end(link, hold)`` in ``seconds`` ends this hold if it is still
+        the link's (an epoch learned meanwhile ends it sooner, and a later hold replaces it)."""
+        link.held = True
+        link.hold += 1
+        self.loop.call_later(seconds, end, link, link.hold)
+
+    def _resume(self, link: ShardLink, hold: int) -> None:
+        if link.held and link.hold == hold:
             link.held = False
             self._flush(link)
 
@@ -485,13 +492,11 @@ class ShardClient:
         most the request timeout; the commands then go and may time out), and reopen its lane."""
         if self.closed:
             return
-        if not link.held:
-            link.held = True
-            self.loop.call_later(self.timeout_s, self._release, link)
+        self._hold(link, self.timeout_s, self._release)  # its own deadline, also over a healing pause
         self._reopen(link)
 
-    def _release(self, link: ShardLink) -> None:
-        if link.held:
+    def _release(self, link: ShardLink, hold: int) -> None:
+        if link.held and link.hold == hold:
             logger.warning("%s: epoch still unknown after %gs; sending its commands anyway", link.name, self.timeout_s)
             link.held = False
             self._flush(link)

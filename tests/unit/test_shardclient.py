@@ -332,3 +332,76 @@ def test_commands_a_healing_shard_sends_back_go_again_in_the_order_they_were_sen
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_second_death_is_held_for_its_own_timeout_not_ended_by_the_first_deaths_timer():
+    """Before: the first death's timer (set when its hold began) ended the second death's hold,
+    so a command went to the shard while Ray was still restarting it and failed
+    (ActorUnavailableError), and a Baqend query starting over a second time ended with 503."""
+    from ray.exceptions import RayActorError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        handle.current_epoch = _Epoch()
+        client = _client(loop, handle, timeout_s=0.6)
+        link = client.link("topic", "k")
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: handle.calls)
+        first_death = loop.time()
+        handle.futures[0].set_exception(RayActorError())  # held until the epoch is known, at most 0.6 s
+        await _until(lambda: link.held and handle.current_epoch.futures)
+        handle.current_epoch.futures[0].set_result("e2")  # it is back: released at once
+        await _until(lambda: not link.held)
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2)
+        await asyncio.sleep(max(0.0, first_death + 0.3 - loop.time()))  # half the first hold's time on
+        second_death = loop.time()
+        handle.futures[1].set_exception(RayActorError())  # dies again: a hold of its own
+        await _until(lambda: link.held and len(answers) == 2)
+        client.send(link, ("c",), answers.append)
+        # past the first death's deadline, before the second's: still held, nothing sent
+        await asyncio.sleep(max(0.0, first_death + 0.6 + 0.05 - loop.time()))
+        assert loop.time() < second_death + 0.6
+        assert link.held and len(handle.calls) == 2
+        # its own deadline ends it (the epoch never came)
+        await _until(lambda: len(handle.calls) == 3, timeout=2)
+        assert loop.time() >= second_death + 0.6 - 0.01
+        assert handle.calls[2] == [("c",)] and not link.held
+        client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_death_during_a_healing_pause_is_held_until_its_epoch_is_known():
+    """A healing shard's pause (20 ms) must not end the hold of a death that came during it."""
+    from ray.exceptions import RayActorError
+
+    from router import contract
+    from router.errors import CommandError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        handle.current_epoch = _Epoch()
+        client = _client(loop, handle, timeout_s=5.0)
+        link = client.link("topic", "k")
+        answers = []
+        client.send(link, ("a",), answers.append)
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_result(([CommandError(contract.HEALING, "healing"), "B"], None, "e1"))
+        await _until(lambda: link.held and answers == ["B"])  # "a" goes again after a pause
+        client.send(link, ("c",), answers.append)
+        client._recover(link)  # the lane is lost meanwhile: the shard died
+        paused = loop.time()
+        await asyncio.sleep(0.1)  # five pauses' worth: the pause's timer has fired
+        assert loop.time() >= paused + 0.1
+        assert link.held and len(handle.calls) == 1
+        handle.current_epoch.futures[0].set_result("e2")
+        await _until(lambda: len(handle.calls) == 2)
+        assert handle.calls[1] == [("core.reannounced",), ("a",), ("c",)] and not link.held
+        client.close()
+
+    asyncio.run(scenario())
