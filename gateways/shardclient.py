@@ -713,7 +713,7 @@ class DeliverySequencer:
             self._apply(items)
             state.expected = expected + 1
             if state.waiting:
-                self._drain(state)
+                self._drain(source, state)
         elif seq > expected:
             state.waiting[seq] = items
             if state.timer is None:
@@ -721,14 +721,19 @@ class DeliverySequencer:
         else:
             self.stale += 1
 
-    def _drain(self, state: _Source) -> None:
+    def _drain(self, source: str, state: _Source) -> None:
+        """The gap before ``state.expected`` closed: apply what waited behind it. A later gap (a
+        bundle still missing further on) gets a wait of its own: the closed gap's timer would
+        skip it before it had been the first one missing for ``timeout_s``."""
         waiting = state.waiting
         while state.expected in waiting:
             self._apply(waiting.pop(state.expected))
             state.expected += 1
-        if not waiting and state.timer is not None:
+        if state.timer is not None:
             state.timer.cancel()
             state.timer = None
+        if waiting:
+            state.timer = self.loop.call_later(self.timeout_s, self._gap_expired, source)
 
     def _gap_expired(self, source: str) -> None:
         state = self._sources.get(source)
@@ -741,9 +746,7 @@ class DeliverySequencer:
         self.skipped += first - state.expected
         logger.warning("deliveries from %s: gap of %d bundle(s) skipped", source, first - state.expected)
         state.expected = first
-        self._drain(state)
-        if state.waiting and state.timer is None:
-            state.timer = self.loop.call_later(self.timeout_s, self._gap_expired, source)
+        self._drain(source, state)
 
     def _apply(self, items: list) -> None:
         limit = self.max_per_turn

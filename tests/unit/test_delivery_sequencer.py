@@ -64,15 +64,22 @@ def test_out_of_order_bundles_wait_for_the_gap(sequencer, recorder, fake_loop):
     assert (sequencer.skipped, sequencer.stale) == (0, 0)
 
 
-def test_partial_drain_keeps_the_timer(sequencer, recorder, fake_loop):
+def test_a_partial_drain_gives_the_next_gap_a_full_wait_of_its_own(sequencer, recorder, fake_loop):
+    """Before: the first gap's timer was kept, and fired on the next gap however short a time that
+    one had been the first missing (4 missing since t=0, 6 since 7 came at t=1.98, 4 at t=1.99:
+    6 was skipped at t=2, and dropped as stale when it came at t=2.05)."""
     sequencer.accept(bundle(1))
     sequencer.accept(bundle(3))
+    first = fake_loop.pending()
     sequencer.accept(bundle(0))
     assert recorder.applied == items(0, 1)
-    assert fake_loop.pending() == fake_loop.timers[:1]  # still waiting for 2
+    assert first[0].cancelled  # the gap it guarded closed
+    (second,) = fake_loop.pending()  # still waiting for 2: a fresh timer
+    assert second is not first[0] and second.delay == TIMEOUT
     sequencer.accept(bundle(2))
     assert recorder.applied == items(0, 1, 2, 3)
     assert fake_loop.pending() == []
+    assert (sequencer.skipped, sequencer.stale) == (0, 0)
 
 
 def test_duplicates_and_stale_bundles_are_counted_not_applied(sequencer, recorder):
