@@ -203,10 +203,12 @@ class NolagDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("topic", "qos", "filters", "load_balance", "group")
+    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then")
 
     def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
         self.topic, self.qos, self.filters, self.load_balance, self.group = topic, qos, filters, load_balance, group
+        self.pending = False  # a subscribe request the topic shard has not answered yet
+        self.then: Callable[[], None] | None = None  # a reply that must follow its answer
 
     def record(self) -> SubscriptionRecord:
         return SubscriptionRecord(self.qos, self.filters, self.load_balance, self.group)
@@ -529,18 +531,26 @@ class NolagSession(DialectSession):
         if request.load_balance and group is None:
             group = self.actor  # the broker's default group: the actor token
         sub = _Subscription(topic, request.qos, request.filters, request.load_balance, group)
+        sub.pending = True
 
         def done(result: Any) -> None:
+            sub.pending = False
             if isinstance(result, (ShardUnavailable, CommandError)):
                 self._send(codec.error("internal_error", topic=topic, hint="the router could not subscribe; retry"))
-                return
-            self._send(codec.subscribed(topic, request.load_balance))
-            position = self.qos.joined(topic, result)  # the topic's last message when we joined
-            self.checkpointed = None
-            self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), position), None)
-            url = self.dialect.hydration_url(topic)
-            if url is not None:
-                self._spawn(self._hydrate(url, topic))
+            else:
+                self._send(codec.subscribed(topic, request.load_balance))
+                # Unsubscribed (or subscribed again) before this answer: the later request decided
+                # the position and what the session shard keeps; this one only gets its reply.
+                if self.subs.get(topic) is sub:
+                    position = self.qos.joined(topic, result)  # the topic's last message when we joined
+                    self.checkpointed = None
+                    self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), position), None)
+                    url = self.dialect.hydration_url(topic)
+                    if url is not None:
+                        self._spawn(self._hydrate(url, topic))
+            if sub.then is not None:
+                then, sub.then = sub.then, None
+                then()
 
         self._add_subscription(sub, done)
 
@@ -572,7 +582,10 @@ class NolagSession(DialectSession):
             del self.rooms[room]
             rkey = room_key(self.project, room)
             self._ask(rkey, nolag.room(rkey, self.wire.id, False), None)
-        self._send(codec.unsubscribed(topic))
+        if sub.pending:  # replies in the order of the requests: after the subscribe's
+            sub.then = lambda: self._send(codec.unsubscribed(topic))
+        else:
+            self._send(codec.unsubscribed(topic))
 
     def _set_filters(self, request: codec.SetFilters) -> None:
         sub = self.subs.get(request.topic)

@@ -428,6 +428,37 @@ async def _publish_live(pub: Client, topic: str) -> None:
         assert (await pub.recv())["type"] == "published"
 
 
+def test_an_unsubscribe_sent_before_the_subscribe_is_answered_wins_and_the_replies_keep_their_order(nolag):
+    """Both requests sent back to back, so the unsubscribe is handled before the topic shard answers
+    the subscribe. Before: `unsubscribed` came first and `subscribed` after it, and the late answer
+    saved the subscription again on the session shard, so a reconnect restored a topic the client
+    had left."""
+    topic = "chat/quick/leave"
+
+    async def scenario():
+        token = nolag.token()
+        client = await Client.open(nolag.urls[0], token)
+        await client.send({"type": "subscribe", "topic": topic, "qos": 1})
+        await client.send({"type": "unsubscribe", "topic": topic})
+        assert await client.recv() == {"type": "subscribed", "topic": topic, "loadBalance": False}
+        assert await client.recv() == {"type": "unsubscribed", "topic": topic}
+        pub = await Client.open(nolag.urls[1], nolag.token())
+        await pub.subscribe(topic, qos=0)
+        await pub.publish(topic, "after it left", qos=1, echo=False, msgRef=1)
+        assert await pub.recv() == {"type": "published", "topic": topic, "msgRef": 1}
+        await client.send({"type": "unsubscribe", "topic": topic})  # not subscribed: nothing came meanwhile
+        reply = await client.recv()
+        assert (reply["type"], reply["error"], reply["topic"]) == ("error", "not_subscribed", topic), reply
+        await client.ws.close()
+        back = await Client.open(nolag.urls[1], token, reconnect=True)
+        assert back.auth["restoredSubscriptions"] == []
+        await back.quiet()
+        for each in (back, pub):
+            await each.close()
+
+    run(scenario())
+
+
 def test_qos2_is_never_duplicated_across_reconnects(nolag):
     topic = "chat/qos/two"
 
