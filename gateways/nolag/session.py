@@ -536,6 +536,10 @@ class NolagSession(DialectSession):
         def done(result: Any) -> None:
             sub.pending = False
             if isinstance(result, (ShardUnavailable, CommandError)):
+                # Told it is not subscribed, it is not: a restarted shard would otherwise get the
+                # subscription again from the re-announce, and a timed-out one may yet have run it.
+                if self.subs.get(topic) is sub:
+                    self._drop_subscription(topic)
                 self._send(codec.error("internal_error", topic=topic, hint="the router could not subscribe; retry"))
             else:
                 self._send(codec.subscribed(topic, request.load_balance))
@@ -569,9 +573,19 @@ class NolagSession(DialectSession):
                 self._ask(rkey, nolag.room(rkey, self.wire.id, True), None)
 
     def _unsubscribe(self, topic: str) -> None:
-        sub = self.subs.pop(topic, None)
+        sub = self.subs.get(topic)
         if sub is None:
             raise codec.nolag_error("not_subscribed", f"not subscribed to {topic}", topic)
+        self._drop_subscription(topic)
+        if sub.pending:  # replies in the order of the requests: after the subscribe's
+            sub.then = lambda: self._send(codec.unsubscribed(topic))
+        else:
+            self._send(codec.unsubscribed(topic))
+
+    def _drop_subscription(self, topic: str) -> None:
+        """The connection no longer has ``topic``: on its topic shard, in its window, on its session
+        shard (a reconnect does not restore it), in its rooms."""
+        del self.subs[topic]
         key = topic_key(self.project, topic)
         self._ask(key, nolag.unsubscribe(key, self.wire.id), None)
         self.qos.left(topic)
@@ -582,10 +596,6 @@ class NolagSession(DialectSession):
             del self.rooms[room]
             rkey = room_key(self.project, room)
             self._ask(rkey, nolag.room(rkey, self.wire.id, False), None)
-        if sub.pending:  # replies in the order of the requests: after the subscribe's
-            sub.then = lambda: self._send(codec.unsubscribed(topic))
-        else:
-            self._send(codec.unsubscribed(topic))
 
     def _set_filters(self, request: codec.SetFilters) -> None:
         sub = self.subs.get(request.topic)

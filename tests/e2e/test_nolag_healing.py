@@ -471,3 +471,55 @@ def test_presence_and_lobby_listeners_heal_quietly(nolag_heal):
             await client.close()
 
     run(scenario(), timeout=90)
+
+
+def test_a_subscribe_that_met_a_dying_topic_shard_is_refused_and_not_brought_back_by_the_restart(nolag_heal):
+    """The subscribe waits in the topic shard (stopped) when it is killed: the client gets
+    `internal_error` ("retry"), and it is not subscribed. Before: the gateway kept the
+    subscription, re-announced it to the restarted shard, and the client got the topic's messages
+    although it had been told the subscribe failed."""
+    (topic,) = placed(lambda t: topic_key(PROJECT, t), [f"heal/refused/t{n}" for n in range(64)])
+
+    async def scenario():
+        url = nolag_heal.urls[0]
+        client = await Client.open(url, nolag_heal.token())
+        pub = await Client.open(url, nolag_heal.token())
+        gateway = nolag_heal.router.gateways[0].actor
+
+        async def lane_batches() -> int:
+            stats = await asyncio.to_thread(ray.get, gateway.stats.remote(), timeout=30)
+            return stats["shard_client"]["lane_batches"]
+
+        pid = (await asyncio.to_thread(ray.get, nolag_heal.router.shards[TOPIC][TARGET].info.remote(),
+                                       timeout=30))["pid"]
+        epoch = await asyncio.to_thread(epoch_of, nolag_heal.router, TOPIC, TARGET)
+        os.kill(pid, signal.SIGSTOP)  # the subscribe waits in it
+        try:
+            await eventually(lambda: asyncio.to_thread(threads_stopped, pid), 10, what="topic shard stopped")
+            sent = await lane_batches()
+            await client.send({"type": "subscribe", "topic": topic, "qos": 0})
+
+            async def in_flight():
+                return await lane_batches() > sent
+
+            await eventually(in_flight, 10, what="the subscribe sent")
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        reply = await client.recv(timeout=30)
+        assert {key: value for key, value in reply.items() if key != "hint"} == {
+            "type": "error", "error": "internal_error", "topic": topic}, reply
+        await restarted(nolag_heal, TOPIC, TARGET, epoch)
+        await pub.subscribe(topic, qos=0)
+        await publish_until_confirmed(pub, topic, "not for it", "n", qos=0)
+        assert await frames_until_quiet(client) == []
+        await client.send({"type": "unsubscribe", "topic": topic})
+        refused = await client.recv()
+        assert (refused["type"], refused["error"], refused["topic"]) == ("error", "not_subscribed", topic)
+        # the retry the error asks for works
+        assert await client.subscribe(topic, qos=0) == {"type": "subscribed", "topic": topic, "loadBalance": False}
+        await publish_until_confirmed(pub, topic, "for it", "f", qos=0)
+        assert brief(await client.expect("message")) == ("message", "for it", None, False)
+        for each in (client, pub):
+            await each.close()
+
+    run(scenario(), timeout=90)
