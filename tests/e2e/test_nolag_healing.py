@@ -76,8 +76,10 @@ class Reader:
         self.messages: list[tuple[float, dict]] = []
         self.others: list[dict] = []
         self.task: asyncio.Task | None = None
+        self.closed: ConnectionClosed | None = None
 
     def follow(self, client: Client) -> None:
+        self.closed = None
         self.task = asyncio.ensure_future(self._read(client))
 
     async def _read(self, client: Client) -> None:
@@ -90,7 +92,8 @@ class Reader:
                         await client.send({"type": "ack", "msgId": frame["msgId"]})
                 else:
                     self.others.append(frame)
-        except ConnectionClosed:
+        except ConnectionClosed as closed:
+            self.closed = closed  # the router ended the connection: a flush after it says so
             return
 
     def count(self) -> Counter:
@@ -100,7 +103,13 @@ class Reader:
         """Every frame the router queued for ``client`` before now has been read."""
         marker = f"__flush_{time.monotonic_ns()}__"
         await client.send({"type": "getPresence", "roomId": marker})
-        await eventually(lambda: value(any(f.get("roomId") == marker for f in self.others)), 15, what="flush")
+
+        async def answered() -> bool:
+            if self.task.done():  # it stopped reading: why, rather than a timeout
+                assert self.task.exception() is None and self.closed is None, (self.task.exception(), self.closed)
+            return any(f.get("roomId") == marker for f in self.others)
+
+        await eventually(answered, 15, what=f"flush (last frames: {self.others[-3:]}, messages: {len(self.messages)})")
 
 
 class Publisher:
