@@ -206,13 +206,22 @@ class RealtimeQuery:
         added: list[Event] = []
         if was_visible:
             removed.append(Event("remove", operation, self._departed(old_document, before, after, operation)))
-        for entry in old_edges:
-            if entry[1] != object_id and not low <= order.index(entry) < high:
-                removed.append(Event("remove", "none", self._documents[entry[1]]))
-        for entry in self._edges(low, high):
+        # Another entry moves by one place for each of the written object's entries, the old one
+        # (gone) and the new one (come), that sorts before it: its place now and before, without
+        # searching the order for it.
+        for previous, entry in old_edges:
             if entry[1] == object_id:
                 continue
-            position = order.index(entry)
+            position = previous
+            if old_entry is not None and old_entry < entry:
+                position -= 1
+            if new_entry is not None and new_entry < entry:
+                position += 1
+            if not low <= position < high:
+                removed.append(Event("remove", "none", self._documents[entry[1]]))
+        for position, entry in self._edges(low, high):
+            if entry[1] == object_id:
+                continue
             previous = position
             if old_entry is not None and old_entry < entry:
                 previous += 1
@@ -226,15 +235,16 @@ class RealtimeQuery:
         # window after the remove (baqend-notes.md).
         return removed + added
 
-    def _edges(self, low: int, high: int) -> list[tuple[tuple, Any]]:
-        """The entries at the first and the last visible place, where the window can change."""
+    def _edges(self, low: int, high: int) -> list[tuple[int, tuple[tuple, Any]]]:
+        """The entries at the first and the last visible place, where the window can change, each
+        with its place."""
         size = len(self._order)
         edges = []
         if low < size:
-            edges.append(self._order[low])
+            edges.append((low, self._order[low]))
         last = min(high, size) - 1
         if last > low:
-            edges.append(self._order[last])
+            edges.append((last, self._order[last]))
         return edges
 
     def _admit(self, document: Document) -> None:

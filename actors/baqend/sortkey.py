@@ -8,9 +8,11 @@ Pure: no I/O, no Ray.
 from __future__ import annotations
 
 import functools
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-from actors.baqend.mongoquery import MISSING, QueryError, bson_key, resolve_path, split_path
+from actors.baqend.mongoquery import (BOOL, DATE, MISSING, NULL, NUMBER, STRING, QueryError, bson_key, resolve_path,
+                                      split_path)
 
 SortSpec = tuple[tuple[str, int], ...]  # ((field path, 1 ascending | -1 descending), ...)
 
@@ -44,7 +46,8 @@ def parse_sort(spec: Any) -> SortSpec:
 
 @functools.total_ordering
 class _Descending:
-    """Inverts the order of a key inside a tuple, so one tuple sorts mixed directions."""
+    """Inverts the order of a key inside a tuple, so one tuple sorts mixed directions (the
+    structured keys only, objects and arrays: :func:`descending` inverts the others in kind)."""
 
     __slots__ = ("key",)
 
@@ -70,6 +73,29 @@ class _Descending:
         (self.key,) = state
 
 
+# UTF-8 bytes are at most 0xF4 (surrogates included): 0xF4 - b inverts them, and a final 0xFF sorts
+# after every inverted byte, so a string sorts after the strings it is a prefix of.
+_INVERT = bytes(0xF4 - b if b <= 0xF4 else 0 for b in range(256))
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+_NEGATED = frozenset({NULL, NUMBER, BOOL, _EMPTY_ARRAY_KEY[0]})
+
+
+def descending(key: tuple) -> tuple:
+    """A :func:`bson_key` whose order is inverted, made of built-in values where it can be (numbers,
+    booleans, strings and dates: a sorted window compares keys on every write, and comparing
+    built-ins is done in C): the rank negated, and the value negated, its UTF-8 bytes inverted,
+    or its instant in microseconds negated; an object or an array keeps :class:`_Descending`."""
+    rank, value = key
+    if rank in _NEGATED:
+        return (-rank, -value)
+    if rank == STRING:
+        return (-rank, value.encode("utf-8", "surrogatepass").translate(_INVERT) + b"\xff")
+    if rank == DATE:
+        return (-rank, -((value - _EPOCH) // _MICROSECOND))
+    return (-rank, _Descending(value))
+
+
 def field_key(document: Any, parts: tuple[str, ...], direction: int) -> tuple:
     """The key of one sort field: an array sorts by its smallest element ascending, largest descending."""
     keys = []
@@ -92,7 +118,7 @@ def sort_key(spec: SortSpec, id_field: str = "id") -> Callable[[Mapping[str, Any
         parts = []
         for path, direction in fields:
             value = field_key(document, path, direction)
-            parts.append(value if direction == 1 else _Descending(value))
+            parts.append(value if direction == 1 else descending(value))
         parts.append(bson_key(document.get(id_field, MISSING)))
         return tuple(parts)
 
