@@ -297,7 +297,8 @@ class NolagSession(DialectSession):
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))
-            if self.key is not None and reserved is None and self.bucket.take(time.monotonic()):
+            if (self.key is not None and reserved is None and not self._answers_outstanding(request)
+                    and self.bucket.take(time.monotonic())):
                 raise codec.nolag_error("rate_limit_exceeded", f"more than {self.bucket.rate:g} messages per second",
                                         getattr(request, "topic", None), getattr(request, "msg_ref", None))
             if kind == "Publish" and self.key is not None and not self.dialect.quota_reserved(self.key):
@@ -321,6 +322,20 @@ class NolagSession(DialectSession):
             self._send(codec.error_frame(failure, **extra))
             return
         gateway.accepted(meta, None, size, self.wire.id)
+
+    def _answers_outstanding(self, request: Any) -> bool:
+        """An ``ack`` or ``batchAck`` of a message this connection has outstanding: an answer the
+        router asked for, so not counted against the rate limit (a subscriber acking each message
+        of a busy topic would be refused, and its messages sent again). Each such frame retires at
+        least one outstanding message, so they are bounded by what the router wrote; an ack of
+        nothing outstanding counts like any other frame."""
+        kind = type(request)
+        if kind is codec.Ack:
+            return request.msg_id in self.qos.unacked
+        if kind is codec.BatchAck:
+            unacked = self.qos.unacked
+            return any(msg_id in unacked for msg_id in request.msg_ids)
+        return False
 
     def _handle(self, request: Any, meta: tuple) -> None:
         if isinstance(request, codec.Publish):

@@ -370,6 +370,43 @@ def test_qos1_redelivered_until_acked(nolag):
     run(scenario())
 
 
+def test_acks_of_outstanding_messages_are_not_rate_limited_but_other_frames_are(nolag):
+    """Before: every frame took a token of the connection's rate limit (50 a second), acks too, so a
+    subscriber acking each message of a topic that carries more than 50 a second got 42910 errors
+    and its acks were dropped: the messages came again."""
+    topic = "chat/qos/busy"
+    count = 150
+
+    async def scenario():
+        sub = await Client.open(nolag.urls[0], nolag.token())  # the default rate: 50 a second
+        pub = await Client.open(nolag.urls[1], nolag.token(rate_limit_per_s=10_000))
+        await sub.subscribe(topic, qos=1)
+        await pub.subscribe(topic, qos=0)
+        for n in range(count):
+            await pub.publish(topic, n, qos=1, echo=False)
+        seen: set[int] = set()
+        while len(seen) < count:
+            frame = await sub.recv()
+            assert frame["type"] == "message", frame  # no rate_limit_exceeded for an ack
+            seen.add(frame["data"])
+            await sub.send({"type": "ack", "msgId": frame["msgId"]})
+        await sub.send({"type": "getPresence", "roomId": "__acked__"})
+        while (frame := await sub.recv())["type"] == "message":
+            assert frame["data"] in seen  # a redelivery whose ack crossed it: QoS 1 allows it
+        assert frame["type"] == "presenceList" and frame["roomId"] == "__acked__", frame
+
+        # An ack of nothing the connection has outstanding is a frame like any other: limited.
+        for n in range(80):
+            await sub.send({"type": "ack", "msgId": f"never-sent-{n}"})
+        while (frame := await sub.recv())["type"] == "message":
+            pass
+        assert error_of(frame) == {"type": "error", "error": "rate_limit_exceeded", "code": 42910}
+        for client in (sub, pub):
+            await client.close()
+
+    run(scenario())
+
+
 def test_reconnect_restores_subscriptions_and_replays_with_live_traffic_after(nolag):
     topic = "chat/replay/messages"
 
