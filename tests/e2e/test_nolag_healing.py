@@ -114,10 +114,11 @@ class Reader:
 
 class Publisher:
     """Publishes ``count`` messages to ``topic``, alternating QoS 1 and QoS 2, one every ``pace`` s,
-    each confirmed by ``published`` before the next."""
+    each confirmed by ``published`` before the next; with ``hold_at``, it stops before that one
+    until :meth:`resume` (so that some are left however long the steps before took)."""
 
-    def __init__(self, client: Client, topic: str, count: int, pace: float = 0.02) -> None:
-        self.client, self.topic, self.count, self.pace = client, topic, count, pace
+    def __init__(self, client: Client, topic: str, count: int, pace: float = 0.02, hold_at: int | None = None) -> None:
+        self.client, self.topic, self.count, self.pace, self.hold_at = client, topic, count, pace, hold_at
         self.sent = 0
         self.going = asyncio.Event()
         self.going.set()
@@ -138,6 +139,8 @@ class Publisher:
 
     async def _run(self) -> None:
         for n in range(self.count):
+            if n == self.hold_at:
+                self.going.clear()
             if not self.going.is_set():
                 self.waiting = True
                 await self.going.wait()
@@ -191,7 +194,7 @@ def test_a_killed_session_shard_keeps_the_actors_state_qos1_at_least_once_qos2_e
         reader.follow(sub)
         pub = await Client.open(urls[1], nolag_heal.token())
         await pub.subscribe(topic, qos=0)
-        publisher = Publisher(pub, topic, count)
+        publisher = Publisher(pub, topic, count, hold_at=count - 50)
         await eventually(lambda: value(len(reader.messages) >= 30), 20, what="the stream started")
 
         index = owner(nolag_heal.router, SESSION, actor_key(actor))
@@ -211,7 +214,10 @@ def test_a_killed_session_shard_keeps_the_actors_state_qos1_at_least_once_qos2_e
         await reader.flushed(sub)
         await sub.close()
         await reader.task
+        gone_at = publisher.sent  # at most count - 50 (hold_at)
         publisher.resume()
+        # Messages published while it is away, which the reconnect replays (with any it had not acked).
+        await eventually(lambda: value(publisher.sent >= gone_at + 5), 20, what="published while away")
         back = await reconnect(urls[1], token, topic)
         reader.follow(back)
         await asyncio.wait_for(publisher.task, 60)
