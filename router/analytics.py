@@ -148,6 +148,60 @@ def _describe_range(since_ns: int | None, until_ns: int | None) -> str:
 # -- Spark ------------------------------------------------------------------------------------
 
 
+# Ray's Java driver (each JVM RayDP starts as one) copies its JNI library, about 40 MB, into
+# /tmp/ray/<epoch ms>/ on every start, a path it hard-codes, and never removes it.
+JNI_COPIES = Path("/tmp/ray")
+_JNI_COPY_NAME = re.compile(r"^\d{13}$")
+_JNI_COPY_FILES = {"libcore_worker_library_java.so", "file_lock"}
+
+
+def remove_jni_copies(root: Path = JNI_COPIES, min_age_s: float = 60.0) -> int:
+    """Remove the copies of Ray's JNI library its Java drivers left under ``root``: those a live
+    process has loaded (the mapping outlives the file; the space is freed when it exits) and those
+    no process has loaded that are older than ``min_age_s`` (leftovers; a younger one may be a JVM's
+    about to load it). Only directories named by 13 digits that hold nothing but the library and
+    its lock file. Returns how many were removed."""
+    try:
+        candidates = [entry for entry in os.scandir(root) if _JNI_COPY_NAME.match(entry.name) and entry.is_dir()]
+    except OSError:
+        return 0
+    if not candidates:
+        return 0
+    loaded = _mapped_under(str(root) + "/")
+    now = time.time()
+    removed = 0
+    for entry in candidates:
+        try:
+            names = set(os.listdir(entry.path))
+            if not names <= _JNI_COPY_FILES or (entry.path not in loaded and now - entry.stat().st_mtime < min_age_s):
+                continue
+            shutil.rmtree(entry.path)
+            removed += 1
+        except OSError:
+            continue  # another process removed it, or it is not ours to remove
+    return removed
+
+
+def _mapped_under(prefix: str) -> set[str]:
+    """The directories under ``prefix`` holding a file some live process has mapped."""
+    found: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as maps:
+                text = maps.read()
+        except OSError:
+            continue
+        start = text.find(prefix.encode())
+        while start != -1:
+            end = text.find(b"\n", start)
+            path = text[start:end if end != -1 else len(text)].decode(errors="replace")
+            found.add(os.path.dirname(path.removesuffix(" (deleted)")))
+            start = text.find(prefix.encode(), start + 1 if end == -1 else end)
+    return found
+
+
 @contextlib.contextmanager
 def spark_session(
     address: str | None = None,
@@ -160,7 +214,8 @@ def spark_session(
 
     ``configs`` adds Spark settings, e.g. the Hadoop connector of an object store
     (``spark.jars.packages``, ``spark.hadoop.fs.s3a.*``: docs/analytics.md). Spark is always stopped
-    (``raydp.stop_spark``) on the way out, error or not.
+    (``raydp.stop_spark``) on the way out, error or not. The copies of Ray's JNI library its JVMs
+    leave in /tmp/ray are removed (:func:`remove_jni_copies`).
     """
     version = java_runtime()
     progress(f"Java: {version}")
@@ -192,6 +247,7 @@ def spark_session(
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
+    remove_jni_copies()  # Spark's JVMs have loaded theirs
     try:
         yield spark
     finally:
@@ -199,6 +255,7 @@ def spark_session(
         raydp.stop_spark()
         if started_ray:
             ray.shutdown()
+        remove_jni_copies()
 
 
 def spark_schema() -> Any:

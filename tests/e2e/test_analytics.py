@@ -166,6 +166,7 @@ def test_report_as_a_library_returns_spark_dataframes(traffic):
     from router.analytics import TABLES, compute_report, load_events, spark_session
 
     running, ledger, events_dir = traffic
+    copies = _jni_copies()
     with spark_session() as spark:
         events = load_events(spark, events_dir)
         assert isinstance(events, DataFrame)
@@ -173,6 +174,13 @@ def test_report_as_a_library_returns_spark_dataframes(traffic):
         assert set(tables) == set(TABLES) and all(isinstance(t, DataFrame) for t in tables.values())
         frames = {name: table.toPandas() for name, table in tables.items()}
     _check_report(frames, ledger)
+    assert _jni_copies() <= copies  # Spark's JVMs left no copy of Ray's JNI library in /tmp/ray
+
+
+def _jni_copies() -> set[str]:
+    from router.analytics import JNI_COPIES
+
+    return {entry.name for entry in JNI_COPIES.iterdir() if entry.name.isdigit()} if JNI_COPIES.is_dir() else set()
 
 
 def test_clear_errors_without_starting_spark(traffic, tmp_path):

@@ -6,6 +6,8 @@ None of this starts Spark or Ray; the Spark parts of the module import them insi
 from __future__ import annotations
 
 import calendar
+import mmap
+import os
 import subprocess
 import sys
 import time
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from router.analytics import AnalyticsError, event_files, java_runtime, parse_duration, parse_instant
+from router.analytics import (AnalyticsError, event_files, java_runtime, parse_duration, parse_instant,
+                              remove_jni_copies)
 
 REPO = Path(__file__).resolve().parents[2]
 SECOND_NS = 1_000_000_000
@@ -380,3 +383,36 @@ def test_java_runtime_that_cannot_run_is_an_error(tmp_path, monkeypatch):
         java_runtime()
     assert str(raised.value).startswith(f"Java at {java} does not run: ")
 
+
+
+# -- the copies of Ray's JNI library Spark's JVMs leave ---------------------------------------------
+
+def _copy(root: Path, name: str, age_s: float, extra: str | None = None) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "libcore_worker_library_java.so").write_bytes(b"\0" * 4096)
+    (folder / "file_lock").write_bytes(b"")
+    if extra:
+        (folder / extra).write_text("x")
+    stamp = time.time() - age_s
+    os.utime(folder, (stamp, stamp))
+    return folder
+
+
+def test_jni_copies_loaded_or_left_over_are_removed_and_nothing_else(tmp_path):
+    """Before: each Spark start left a 40 MB copy of Ray's JNI library in /tmp/ray/<epoch ms>/ for
+    good (365 of them, 14.6 GB, on the machine this was found on)."""
+    left_over = _copy(tmp_path, "1795463533758", age_s=3600)
+    loading = _copy(tmp_path, "1795463551034", age_s=1)  # a JVM may be about to load it
+    loaded = _copy(tmp_path, "1795463607401", age_s=1)
+    other_files = _copy(tmp_path, "1795463621461", age_s=3600, extra="notes.txt")
+    not_a_copy = _copy(tmp_path, "session_latest", age_s=3600)
+    with open(loaded / "libcore_worker_library_java.so", "rb") as library:
+        mapping = mmap.mmap(library.fileno(), 0, prot=mmap.PROT_READ)  # as a process that loaded it
+    try:
+        assert remove_jni_copies(tmp_path, min_age_s=60) == 2
+    finally:
+        mapping.close()
+    assert not left_over.exists() and not loaded.exists()
+    assert loading.exists() and other_files.exists() and not_a_copy.exists()
+    assert remove_jni_copies(tmp_path / "missing") == 0
