@@ -565,13 +565,14 @@ class BlockingLane:
         lane.reader.limit = MAX_FRAME_BYTES
         return lane
 
-    def send(self, commands: list, deadline: float | None = None) -> None:
+    def send(self, commands: list, deadline: float | None = None, encoded: bytes | None = None) -> None:
         """Send one batch; :meth:`receive` returns its reply. Raises ``ConnectionError`` if the
         lane is closed; a send that fails or is not done by ``deadline`` (default
-        :data:`HELLO_TIMEOUT_S` from now) closes it (part of the frame may have gone)."""
+        :data:`HELLO_TIMEOUT_S` from now) closes it (part of the frame may have gone).
+        ``encoded``: the batch already framed by :func:`encode` (one batch sent on several lanes)."""
         if self.closed:
             raise ConnectionError("lane closed")
-        data = encode(commands)  # a batch that cannot be pickled raises here, the lane intact
+        data = encode(commands) if encoded is None else encoded  # unpicklable: raises, the lane intact
         if deadline is None:
             deadline = time.monotonic() + HELLO_TIMEOUT_S
         elif deadline <= time.monotonic():

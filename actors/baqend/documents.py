@@ -81,10 +81,19 @@ def visible(document: Document, principals: Principals) -> Document:
     return {name: document[name] for name in _BLIND_FIELDS if name in document}
 
 
+_iso_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text up to the "."
+
+
 def iso_now(now_ms: int) -> str:
-    """Baqend's timestamp format: ISO-8601 UTC with milliseconds, ``2017-08-17T05:02:45.540Z``."""
-    moment = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now_ms % 1000:03d}Z"
+    """Baqend's timestamp format: ISO-8601 UTC with milliseconds, ``2017-08-17T05:02:45.540Z``
+    (the second's text is formatted once a second: every write stamps its document)."""
+    global _iso_second
+    second, millisecond = divmod(now_ms, 1000)
+    cached = _iso_second
+    if cached[0] != second:
+        moment = datetime.fromtimestamp(second, tz=timezone.utc)
+        cached = _iso_second = (second, moment.strftime("%Y-%m-%dT%H:%M:%S."))
+    return f"{cached[1]}{millisecond:03d}Z"
 
 
 def object_id(bucket: str, key: str) -> str:

@@ -17,7 +17,7 @@ from actors.shard import Component, Handler
 from router import contract as core
 from router.contract import DELIVER_EVENT, Location
 from router.errors import CommandError
-from router.lane import BlockingLane
+from router.lane import BlockingLane, encode
 from router.shardmap import shard_index, shard_name
 
 logger = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ class BaqendDocuments(Component):
         applied it after all, the query shard drops the repeat (``BaqendQueries.writes``)."""
         deadline = time.monotonic() + self._forward_timeout_s
         batch = [command]
+        encoded = None  # pickled once for every lane
         targets = self._queries()
         while targets:
             laned, calls = [], []
@@ -175,7 +176,9 @@ class BaqendDocuments(Component):
                 lane = self._lane(target)
                 if lane is not None:
                     try:
-                        lane.send(batch, deadline)
+                        if encoded is None:
+                            encoded = encode(batch)
+                        lane.send(batch, deadline, encoded)
                         laned.append(target)
                         continue
                     except Exception as error:

@@ -273,6 +273,10 @@ def test_a_page_sees_writes_not_yet_committed_within_its_range():
 
 def test_iso_timestamps_have_milliseconds():
     assert iso_now(1_502_946_165_540) == "2017-08-17T05:02:45.540Z"
+    # the second's text is kept from one call to the next: each call still gets its own second
+    assert [iso_now(ms) for ms in (1_502_946_165_999, 1_502_946_166_000, 1_502_946_165_001, 0, 59_999)] == [
+        "2017-08-17T05:02:45.999Z", "2017-08-17T05:02:46.000Z", "2017-08-17T05:02:45.001Z",
+        "1970-01-01T00:00:00.000Z", "1970-01-01T00:00:59.999Z"]
 
 
 def test_a_scan_answers_the_included_ids_that_do_not_match_in_its_range():
