@@ -200,6 +200,13 @@ class Shard:
         host, port = lane.tcp_address(ray.util.get_node_ip_address())
         return ("tcp", host, port, lane.secret, lane.certificate)
 
+    def open_lane_with_epoch(self, node_id: str | None = None) -> tuple[tuple, str]:
+        """:meth:`open_lane` and this process's epoch. The address and secret are this process's
+        own, so the epoch is that of the very process the lane reaches: a gateway that learned the
+        epoch by another call could miss a restart between that call and this one, and send over
+        the lane without re-announcing its state."""
+        return self.open_lane(node_id), self.epoch
+
     def handle(self, gateway_id: str, commands: list[tuple]) -> tuple[list[Any], tuple | None]:
         with self._lock:
             return self._handle(gateway_id, commands)

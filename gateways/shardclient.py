@@ -502,9 +502,10 @@ class ShardClient:
             self._flush(link)
 
     async def _open_lane(self, link: ShardLink, timeout_s: float) -> bool:
-        await self._probe(link, timeout_s)
-        address = await asyncio.wait_for(asyncio.wrap_future(link.handle.open_lane.remote(self.node_id).future()),
-                                         timeout_s)
+        # The epoch comes with the address: that of the process the lane reaches (a probe before
+        # would miss a restart between it and this call, and nothing would be re-announced).
+        address, epoch = await asyncio.wait_for(
+            asyncio.wrap_future(link.handle.open_lane_with_epoch.remote(self.node_id).future()), timeout_s)
 
         def factory() -> LaneClient:
             return LaneClient(lambda results, bundle: self._lane_reply(link, results, bundle), self.on_bundle,
@@ -517,6 +518,7 @@ class ShardClient:
         link.next_lane = lane
         if self.lanes_paused:
             self._pause_lane(lane, True)
+        self._epoch_seen(link, epoch)  # a restart's re-announce goes first, over this lane
         if not link.inflight:
             self._flush(link)
         return True

@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from router import lane
+from router import contract, lane
 from router.errors import CommandError
 
 
@@ -435,8 +435,8 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
     shard = _Shard()
     server = shard.server = lane.LaneServer("topic-shard-3", shard.execute)
     address = _address(server, "unix")
-    handle = types.SimpleNamespace(open_lane=_RayMethod(lambda node_id: address), call=_RayMethod(None),
-                                   current_epoch=_RayMethod(lambda: "e1"))
+    handle = types.SimpleNamespace(open_lane_with_epoch=_RayMethod(lambda node_id: (address, "e1")),
+                                   call=_RayMethod(None), current_epoch=_RayMethod(lambda: "e1"))
     try:
         async def scenario():
             client = ShardClient("gw-1", {"topic": [("topic-shard-3", handle)]}, asyncio.get_running_loop(),
@@ -452,7 +452,7 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
             server.drop("gw-1")  # lost before it carried anything
             await _until(lambda: client.lanes_lost == 1)
             await _until(lambda: link.next_lane is not None and link.next_lane.open)
-            assert len(handle.open_lane.calls) == 2 and link.lane is None
+            assert len(handle.open_lane_with_epoch.calls) == 2 and link.lane is None
 
             assert handle.call.calls == [("gw-1", [("op", 1)])]
             handle.call.futures[0].set_result(([("op", 1)], None, "e1"))  # the Ray call answers
@@ -463,6 +463,48 @@ def test_a_link_moves_to_its_lane_once_ray_calls_are_done_and_reopens_a_lane_los
             await _until(lambda: len(answers) == 2)
             assert answers[1] == ("op", 2) and client.lane_batches_sent == 1
             assert len(handle.call.calls) == 1  # the second batch went over the lane
+            client.close()
+
+        asyncio.run(scenario())
+    finally:
+        server.close()
+
+
+def test_a_lane_opened_to_a_restarted_shard_reannounces_first_even_when_another_call_saw_the_old_epoch():
+    """The shard died again between the gateway's epoch probe and its open_lane call (which Ray
+    held for the restarted process). Before: the probe's stale epoch was taken for the lane's, so
+    the gateway sent over a lane to a fresh shard without re-announcing its connections' state."""
+    from gateways.shardclient import ShardClient
+
+    shard = _Shard()
+    server = shard.server = lane.LaneServer("topic-shard-3", shard.execute)
+    address = _address(server, "unix")
+    # current_epoch still answers e1 (the process that then died); the lane's process is e2
+    handle = types.SimpleNamespace(open_lane_with_epoch=_RayMethod(lambda node_id: (address, "e2")),
+                                   open_lane=_RayMethod(lambda node_id: address),
+                                   call=_RayMethod(None), current_epoch=_RayMethod(lambda: "e1"))
+    try:
+        async def scenario():
+            restarts: list[str] = []
+            client = ShardClient("gw-1", {"topic": [("topic-shard-3", handle)]}, asyncio.get_running_loop(),
+                                 on_bundle=lambda bundle: None, batch_max=100, max_inflight=4, timeout_s=30)
+
+            def reannounce(link) -> None:
+                restarts.append(link.epoch)
+                client.send(link, ("announce", "sub-1"))
+
+            client.on_restart = reannounce
+            link = client.links["topic"][0]
+            await client.learn_epochs()
+            assert link.epoch == "e1"
+            assert await client.open_lanes("node-a") == 1
+            answers: list = []
+            client.send(link, ("op", 1), answers.append)
+            await _until(lambda: answers == [("op", 1)])
+            assert restarts == ["e2"] and link.epoch == "e2"
+            sent = [command for _, batch in shard.seen for command in batch]
+            assert sent == [("announce", "sub-1"), contract.reannounced(), ("op", 1)]  # all over the lane
+            assert not handle.call.calls and not handle.open_lane.calls
             client.close()
 
         asyncio.run(scenario())
