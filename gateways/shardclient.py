@@ -89,7 +89,7 @@ class ShardLink:
     """
 
     __slots__ = ("name", "handle", "commands", "callbacks", "timeouts", "inflight", "scheduled", "lane",
-                 "next_lane", "lane_batches", "reconnect", "epoch", "held", "hold", "retried_head")
+                 "next_lane", "lane_batches", "reconnect", "epoch", "held", "hold", "held_at", "retried_head")
 
     def __init__(self, name: str, handle: Any) -> None:
         self.name = name
@@ -106,6 +106,7 @@ class ShardLink:
         self.epoch: str | None = None  # the shard incarnation this link last heard from
         self.held = False  # commands wait: the shard may have restarted, its epoch is not known yet
         self.hold = 0  # which hold ``held`` is: a timer ends only its own hold, never a later one
+        self.held_at = 0.0  # loop time the current hold began: an epoch asked before it cannot end it
         self.retried_head = 0  # commands a healing shard sent back, queued right after core.reannounced
 
 
@@ -298,7 +299,7 @@ class ShardClient:
             if isinstance(error, (RayActorError, ActorUnavailableError)):
                 self._recover(link)
         else:
-            self._epoch_seen(link, epoch)
+            self._epoch_seen(link, epoch, batch.sent_at)
         self._settle(link, batch, results, bundle)
 
     def _settle(self, link: ShardLink, batch: _Batch, results: Any, bundle: Any) -> None:
@@ -393,6 +394,7 @@ class ShardClient:
         the link's (an epoch learned meanwhile ends it sooner, and a later hold replaces it)."""
         link.held = True
         link.hold += 1
+        link.held_at = self.loop.time()
         self.loop.call_later(seconds, end, link, link.hold)
 
     def _resume(self, link: ShardLink, hold: int) -> None:
@@ -441,12 +443,16 @@ class ShardClient:
     # -- restarts -------------------------------------------------------------------------
 
     async def _probe(self, link: ShardLink, timeout_s: float) -> None:
+        asked_at = self.loop.time()
         epoch = await asyncio.wait_for(asyncio.wrap_future(link.handle.current_epoch.remote().future()), timeout_s)
-        self._epoch_seen(link, epoch)
+        self._epoch_seen(link, epoch, asked_at)
 
-    def _epoch_seen(self, link: ShardLink, epoch: str) -> None:
-        """The shard behind ``link`` runs as ``epoch``. A new one (Ray restarted it, empty): the
-        gateway re-announces what its connections hold there first, then the waiting commands go."""
+    def _epoch_seen(self, link: ShardLink, epoch: str, asked_at: float) -> None:
+        """The shard behind ``link`` runs as ``epoch`` (as of a call made at ``asked_at``). A new one
+        (Ray restarted it, empty): the gateway re-announces what its connections hold there first,
+        then the waiting commands go. The same one ends a hold only when it was asked after the hold
+        began: an answer to a call made before the shard's death (its process answered, then died)
+        says nothing of the process that follows."""
         known, link.epoch = link.epoch, epoch
         if known is not None and known != epoch:
             self.restarts_seen += 1
@@ -465,7 +471,7 @@ class ShardClient:
             link.commands += waiting[0]
             link.callbacks += waiting[1]
             link.timeouts += waiting[2]
-        if link.held:
+        if link.held and (known != epoch or asked_at >= link.held_at):
             link.held = False
         if link.commands and not link.scheduled:
             link.scheduled = True
@@ -504,6 +510,7 @@ class ShardClient:
     async def _open_lane(self, link: ShardLink, timeout_s: float) -> bool:
         # The epoch comes with the address: that of the process the lane reaches (a probe before
         # would miss a restart between it and this call, and nothing would be re-announced).
+        asked_at = self.loop.time()
         address, epoch = await asyncio.wait_for(
             asyncio.wrap_future(link.handle.open_lane_with_epoch.remote(self.node_id).future()), timeout_s)
 
@@ -518,7 +525,7 @@ class ShardClient:
         link.next_lane = lane
         if self.lanes_paused:
             self._pause_lane(lane, True)
-        self._epoch_seen(link, epoch)  # a restart's re-announce goes first, over this lane
+        self._epoch_seen(link, epoch, asked_at)  # a restart's re-announce goes first, over this lane
         if not link.inflight:
             self._flush(link)
         return True

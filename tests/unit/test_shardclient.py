@@ -405,3 +405,40 @@ def test_a_death_during_a_healing_pause_is_held_until_its_epoch_is_known():
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_an_answer_to_a_call_made_before_the_death_does_not_end_its_hold():
+    """A batch sent before the shard died is answered by the old process (with the old epoch) after
+    another batch found it dead. Before: any epoch ended the hold, so the commands waiting went out
+    before the restarted shard's epoch was known (and before any re-announce)."""
+    from ray.exceptions import RayActorError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        handle.current_epoch = _Epoch()
+        client = _client(loop, handle)
+        link = client.link("topic", "k")
+        client.on_restart = lambda restarted: client.send(restarted, ("resubscribe",))
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_result((["A"], None, "e1"))
+        await _until(lambda: answers == ["A"])
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2)
+        client.send(link, ("c",), answers.append)
+        await _until(lambda: len(handle.calls) == 3)  # b and c in flight
+        handle.futures[2].set_exception(RayActorError())  # c finds the process dead: a hold
+        await _until(lambda: link.held and handle.current_epoch.futures)
+        handle.futures[1].set_result((["B"], None, "e1"))  # b, asked before: the old process answered
+        await _until(lambda: answers[1:2] == ["B"] and isinstance(answers[-1], ShardUnavailable))
+        client.send(link, ("d",), answers.append)
+        await asyncio.sleep(0.05)  # a window in which nothing may be sent
+        assert link.held and len(handle.calls) == 3
+        handle.current_epoch.futures[0].set_result("e2")  # asked after the death: the restarted one
+        await _until(lambda: len(handle.calls) == 4)
+        assert handle.calls[3] == [("resubscribe",), ("core.reannounced",), ("d",)] and not link.held
+        client.close()
+
+    asyncio.run(scenario())
