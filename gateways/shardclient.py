@@ -584,9 +584,14 @@ class ShardClient:
                         if not link.held:
                             return
                         await self._probe(link, 30.0)  # no lane to open: the epoch is enough
+                    elif not await self._open_lane(link, 30.0):
                         return
-                    if await self._open_lane(link, 30.0):
+                    if not link.held:
                         return
+                    # Still held: a hold began after the epoch was asked (another call failed
+                    # meanwhile), which only an epoch asked after it ends: ask again, shortly.
+                    await asyncio.sleep(_HEALING_RETRY_S)
+                    continue
                 except Exception as error:  # the shard is restarting, or gone for now
                     logger.info("shard %s: %s; retrying in %.1fs", link.name, type(error).__name__, delay)
                 await asyncio.sleep(delay)

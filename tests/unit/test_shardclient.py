@@ -442,3 +442,40 @@ def test_an_answer_to_a_call_made_before_the_death_does_not_end_its_hold():
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_hold_that_began_after_the_epoch_was_asked_asks_again():
+    """Two calls find the shard unavailable, the second after the reconnect asked the epoch. The
+    answer (the same epoch: no restart) cannot end the second hold, so the reconnect asks again
+    at once. Before: it stopped, and the commands waited for the request timeout."""
+    from ray.exceptions import RayActorError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle = _Handle()
+        handle.current_epoch = _Epoch()
+        client = _client(loop, handle, timeout_s=30)
+        link = client.link("topic", "k")
+        answers = []
+        client.send(link, ("a",), answers.append)
+        await _until(lambda: handle.calls)
+        handle.futures[0].set_result((["A"], None, "e1"))
+        await _until(lambda: answers == ["A"])
+        client.send(link, ("b",), answers.append)
+        await _until(lambda: len(handle.calls) == 2)
+        client.send(link, ("c",), answers.append)
+        await _until(lambda: len(handle.calls) == 3)
+        handle.futures[1].set_exception(RayActorError())  # a hold, and the reconnect asks the epoch
+        await _until(lambda: len(handle.current_epoch.futures) == 1)
+        handle.futures[2].set_exception(RayActorError())  # a later hold
+        await _until(lambda: len(answers) == 3)
+        client.send(link, ("d",), answers.append)
+        handle.current_epoch.futures[0].set_result("e1")  # asked before the later hold
+        await _until(lambda: len(handle.current_epoch.futures) == 2)  # so it asks again
+        assert link.held and len(handle.calls) == 3
+        handle.current_epoch.futures[1].set_result("e1")
+        await _until(lambda: len(handle.calls) == 4)
+        assert handle.calls[3] == [("d",)] and not link.held
+        client.close()
+
+    asyncio.run(scenario())
