@@ -151,7 +151,7 @@ def _describe_range(since_ns: int | None, until_ns: int | None) -> str:
 # Ray's Java driver (each JVM RayDP starts as one) copies its JNI library, about 40 MB, into
 # /tmp/ray/<epoch ms>/ on every start, a path it hard-codes, and never removes it.
 JNI_COPIES = Path("/tmp/ray")
-_JNI_COPY_NAME = re.compile(r"^\d{13}$")
+_JNI_COPY_NAME = re.compile(r"^[0-9]{13}$")
 _JNI_COPY_FILES = {"libcore_worker_library_java.so", "file_lock"}
 
 
@@ -162,12 +162,13 @@ def remove_jni_copies(root: Path = JNI_COPIES, min_age_s: float = 60.0) -> int:
     about to load it). Only directories named by 13 digits that hold nothing but the library and
     its lock file. Returns how many were removed."""
     try:
-        candidates = [entry for entry in os.scandir(root) if _JNI_COPY_NAME.match(entry.name) and entry.is_dir()]
+        candidates = [entry for entry in os.scandir(root)
+                      if _JNI_COPY_NAME.match(entry.name) and entry.is_dir(follow_symlinks=False)]
+        if not candidates:
+            return 0
+        loaded = _mapped_under(str(root) + "/")
     except OSError:
         return 0
-    if not candidates:
-        return 0
-    loaded = _mapped_under(str(root) + "/")
     now = time.time()
     removed = 0
     for entry in candidates:
@@ -185,6 +186,7 @@ def remove_jni_copies(root: Path = JNI_COPIES, min_age_s: float = 60.0) -> int:
 def _mapped_under(prefix: str) -> set[str]:
     """The directories under ``prefix`` holding a file some live process has mapped."""
     found: set[str] = set()
+    needle = b" " + prefix.encode()  # a line's path follows the spaces after its inode
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -193,13 +195,21 @@ def _mapped_under(prefix: str) -> set[str]:
                 text = maps.read()
         except OSError:
             continue
-        start = text.find(prefix.encode())
+        start = text.find(needle)
         while start != -1:
             end = text.find(b"\n", start)
-            path = text[start:end if end != -1 else len(text)].decode(errors="replace")
+            path = text[start + 1:end if end != -1 else len(text)].decode(errors="replace")
             found.add(os.path.dirname(path.removesuffix(" (deleted)")))
-            start = text.find(prefix.encode(), start + 1 if end == -1 else end)
+            start = -1 if end == -1 else text.find(needle, end)
     return found
+
+
+def _remove_jni_copies_quietly() -> None:
+    """:func:`remove_jni_copies`, which must never keep Spark from starting or stopping."""
+    try:
+        remove_jni_copies()
+    except Exception:  # housekeeping only
+        logger.warning("could not remove Ray's JNI library copies", exc_info=True)
 
 
 @contextlib.contextmanager
@@ -247,15 +257,15 @@ def spark_session(
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
-    remove_jni_copies()  # Spark's JVMs have loaded theirs
     try:
+        _remove_jni_copies_quietly()  # Spark's JVMs have loaded theirs
         yield spark
     finally:
         progress("stopping Spark")
         raydp.stop_spark()
         if started_ray:
             ray.shutdown()
-        remove_jni_copies()
+        _remove_jni_copies_quietly()
 
 
 def spark_schema() -> Any:
