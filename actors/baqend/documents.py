@@ -81,7 +81,7 @@ def visible(document: Document, principals: Principals) -> Document:
     return {name: document[name] for name in _BLIND_FIELDS if name in document}
 
 
-_iso_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text up to the "."
+_iso_second: tuple[int | None, str] = (None, "")  # the last second formatted, and its text up to the "."
 
 
 def iso_now(now_ms: int) -> str:

@@ -135,6 +135,7 @@ class Publisher:
         await eventually(lambda: value(self.waiting or self.task.done()), 30, what="publisher paused")
 
     def resume(self) -> None:
+        self.hold_at = None  # once resumed it goes to the end, whether pause() or hold_at stopped it
         self.going.set()
 
     async def _run(self) -> None:
