@@ -12,9 +12,9 @@ its :class:`DocumentStore` in one transaction. Pure apart from the store: no Ray
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 from abc import ABC, abstractmethod
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Container, Mapping, NamedTuple
 
@@ -86,13 +86,13 @@ _iso_second: tuple[int | None, str] = (None, "")  # the last second formatted, a
 
 def iso_now(now_ms: int) -> str:
     """Baqend's timestamp format: ISO-8601 UTC with milliseconds, ``2017-08-17T05:02:45.540Z``
-    (the second's text is formatted once a second: every write stamps its document)."""
+    (the second's text is formatted once a second: every write stamps its document, every event
+    frame carries one)."""
     global _iso_second
     second, millisecond = divmod(now_ms, 1000)
     cached = _iso_second
     if cached[0] != second:
-        moment = datetime.fromtimestamp(second, tz=timezone.utc)
-        cached = _iso_second = (second, moment.strftime("%Y-%m-%dT%H:%M:%S."))
+        cached = _iso_second = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
     return f"{cached[1]}{millisecond:03d}Z"
 
 

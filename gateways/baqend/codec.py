@@ -17,7 +17,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from actors.baqend.documents import check_nesting
+from actors.baqend.documents import check_nesting, iso_now
 from actors.baqend.livequeries import QuerySpec
 from actors.baqend.rtquery import BAD_REQUEST, RealtimeQuery, SubscriptionError
 from router.errors import CommandError
@@ -119,18 +119,10 @@ def _decoded(value: Any) -> Any:
 # -- server frames -----------------------------------------------------------------------------------
 
 
-_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text up to the milliseconds
-
-
 def date_now(now_ns: int | None = None) -> str:
     """The ``date`` of a server frame, ISO 8601 in UTC to the millisecond (every event carries one:
-    the second's text is formatted once a second, not once an event)."""
-    global _second
-    second, millisecond = divmod((time.time_ns() if now_ns is None else now_ns) // 1_000_000, 1000)
-    cached = _second
-    if cached[0] != second:
-        cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
-    return f"{cached[1]}{millisecond:03d}Z"
+    :func:`iso_now` formats the second's text once a second, not once an event)."""
+    return iso_now((time.time_ns() if now_ns is None else now_ns) // 1_000_000)
 
 
 def encode_result(sub_id: str, documents: list, date: str) -> bytes:
