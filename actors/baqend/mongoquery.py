@@ -69,7 +69,7 @@ _NULL_KEY = (NULL, 0)
 _ISO_DATETIME = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?)?(Z|[+-]\d{2}:\d{2})?"
 )
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @lru_cache(maxsize=16384)
@@ -112,7 +112,7 @@ def parse_date(value: Any) -> datetime | None:
         return _parse_iso(value, False)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
-            return _EPOCH + timedelta(milliseconds=value)
+            return EPOCH + timedelta(milliseconds=value)
         except (OverflowError, ValueError):
             return None
     return None

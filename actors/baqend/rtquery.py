@@ -206,27 +206,20 @@ class RealtimeQuery:
         added: list[Event] = []
         if was_visible:
             removed.append(Event("remove", operation, self._departed(old_document, before, after, operation)))
-        # Another entry moves by one place for each of the written object's entries, the old one
-        # (gone) and the new one (come), that sorts before it: its place now and before, without
-        # searching the order for it.
+
+        def moved(entry: tuple) -> int:
+            """How far another entry moved: a place down for the written object's new entry
+            before it, a place up for its old one; its place now and before, without a search."""
+            return ((new_entry is not None and new_entry < entry)
+                    - (old_entry is not None and old_entry < entry))
+
         for previous, entry in old_edges:
-            if entry[1] == object_id:
-                continue
-            position = previous
-            if old_entry is not None and old_entry < entry:
-                position -= 1
-            if new_entry is not None and new_entry < entry:
-                position += 1
-            if not low <= position < high:
+            if entry[1] != object_id and not low <= previous + moved(entry) < high:
                 removed.append(Event("remove", "none", self._documents[entry[1]]))
         for position, entry in self._edges(low, high):
             if entry[1] == object_id:
                 continue
-            previous = position
-            if old_entry is not None and old_entry < entry:
-                previous += 1
-            if new_entry is not None and new_entry < entry:
-                previous -= 1
+            previous = position - moved(entry)
             if not low <= previous < high:
                 added.append(Event("add", "none", self._documents[entry[1]], position - low))
         if is_visible:

@@ -8,11 +8,11 @@ Pure: no I/O, no Ray.
 from __future__ import annotations
 
 import functools
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any, Callable, Mapping
 
-from actors.baqend.mongoquery import (BOOL, DATE, MISSING, NULL, NUMBER, STRING, QueryError, bson_key, resolve_path,
-                                      split_path)
+from actors.baqend.mongoquery import (BOOL, DATE, EPOCH, MISSING, NULL, NUMBER, STRING, QueryError, bson_key,
+                                      resolve_path, split_path)
 
 SortSpec = tuple[tuple[str, int], ...]  # ((field path, 1 ascending | -1 descending), ...)
 
@@ -76,7 +76,6 @@ class _Descending:
 # UTF-8 bytes are at most 0xF4 (surrogates included): 0xF4 - b inverts them, and a final 0xFF sorts
 # after every inverted byte, so a string sorts after the strings it is a prefix of.
 _INVERT = bytes(0xF4 - b if b <= 0xF4 else 0 for b in range(256))
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
 _NEGATED = frozenset({NULL, NUMBER, BOOL, _EMPTY_ARRAY_KEY[0]})
 
@@ -92,7 +91,7 @@ def descending(key: tuple) -> tuple:
     if rank == STRING:
         return (-rank, value.encode("utf-8", "surrogatepass").translate(_INVERT) + b"\xff")
     if rank == DATE:
-        return (-rank, -((value - _EPOCH) // _MICROSECOND))
+        return (-rank, -((value - EPOCH) // _MICROSECOND))
     return (-rank, _Descending(value))
 
 
