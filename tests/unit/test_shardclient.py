@@ -222,6 +222,23 @@ class _Epoch:
         return types.SimpleNamespace(future=lambda: future)
 
 
+async def _heard_e1(timeout_s: float = 10.0) -> tuple:
+    """A client whose link has heard its shard as e1 (``("a",)`` answered ``"A"``); the shard's
+    epoch is asked through ``handle.current_epoch`` (answered by the test), and a restart
+    re-announces ``("resubscribe",)``. Returns ``(handle, client, link, answers)``."""
+    handle = _Handle()
+    handle.current_epoch = _Epoch()
+    client = _client(asyncio.get_running_loop(), handle, timeout_s)
+    link = client.link("topic", "k")
+    client.on_restart = lambda restarted: client.send(restarted, ("resubscribe",))
+    answers = []
+    client.send(link, ("a",), answers.append)
+    await _until(lambda: handle.calls)
+    handle.futures[0].set_result((["A"], None, "e1"))
+    await _until(lambda: answers == ["A"])
+    return handle, client, link, answers
+
+
 def test_a_new_epoch_in_a_call_result_makes_the_gateway_re_announce_once():
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -259,17 +276,7 @@ def test_a_link_whose_actor_died_holds_its_commands_until_it_knows_the_epoch():
     from ray.exceptions import RayActorError
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-        handle = _Handle()
-        handle.current_epoch = _Epoch()
-        client = _client(loop, handle)
-        link = client.link("topic", "k")
-        client.on_restart = lambda restarted: client.send(restarted, ("resubscribe",))
-        answers = []
-        client.send(link, ("a",), answers.append)
-        await _until(lambda: handle.calls)
-        handle.futures[0].set_result((["A"], None, "e1"))
-        await _until(lambda: answers == ["A"])
+        handle, client, link, answers = await _heard_e1()
         client.send(link, ("b",), answers.append)
         await _until(lambda: len(handle.calls) == 2)
         handle.futures[1].set_exception(RayActorError())
@@ -414,17 +421,7 @@ def test_an_answer_to_a_call_made_before_the_death_does_not_end_its_hold():
     from ray.exceptions import RayActorError
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-        handle = _Handle()
-        handle.current_epoch = _Epoch()
-        client = _client(loop, handle)
-        link = client.link("topic", "k")
-        client.on_restart = lambda restarted: client.send(restarted, ("resubscribe",))
-        answers = []
-        client.send(link, ("a",), answers.append)
-        await _until(lambda: handle.calls)
-        handle.futures[0].set_result((["A"], None, "e1"))
-        await _until(lambda: answers == ["A"])
+        handle, client, link, answers = await _heard_e1()
         client.send(link, ("b",), answers.append)
         await _until(lambda: len(handle.calls) == 2)
         client.send(link, ("c",), answers.append)
@@ -451,16 +448,7 @@ def test_a_hold_that_began_after_the_epoch_was_asked_asks_again():
     from ray.exceptions import RayActorError
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-        handle = _Handle()
-        handle.current_epoch = _Epoch()
-        client = _client(loop, handle, timeout_s=30)
-        link = client.link("topic", "k")
-        answers = []
-        client.send(link, ("a",), answers.append)
-        await _until(lambda: handle.calls)
-        handle.futures[0].set_result((["A"], None, "e1"))
-        await _until(lambda: answers == ["A"])
+        handle, client, link, answers = await _heard_e1(timeout_s=30)
         client.send(link, ("b",), answers.append)
         await _until(lambda: len(handle.calls) == 2)
         client.send(link, ("c",), answers.append)
