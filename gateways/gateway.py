@@ -407,25 +407,25 @@ class Gateway:
             self._account(meta, nbytes // count, ids, 0, list(ids))
 
     def _fan_out(self, payload: Any, connection_ids: tuple) -> None:
-        """One event for several connections: a dialect whose sessions have ``fan_out`` takes them
-        all in one call (its frame built once, one loop over the recipients); else each session's
-        ``on_event``. One delivery group holds sessions of one dialect."""
+        """One event for several connections: a dialect whose sessions have ``fan_out(payload,
+        connection_ids, gateway)`` takes them all in one call (its frame built once, one loop over
+        the ids, counting the connections that are gone as undeliverable); else each session's
+        ``on_event``. One delivery group holds connections of one dialect."""
         connections = self.connections
-        sessions = []
         for connection_id in connection_ids:
             connection = connections.get(connection_id)
             if connection is not None and connection.session is not None:
-                sessions.append(connection.session)
+                fan_out = getattr(connection.session, "fan_out", None)
+                if fan_out is not None:
+                    fan_out(payload, connection_ids, self)
+                    return
+                break
+        for connection_id in connection_ids:
+            connection = connections.get(connection_id)
+            if connection is not None and connection.session is not None:
+                connection.session.on_event(payload)
             else:
                 self.undeliverable += 1
-        if not sessions:
-            return
-        fan_out = getattr(sessions[0], "fan_out", None)
-        if fan_out is not None:
-            fan_out(payload, sessions)
-        else:
-            for session in sessions:
-                session.on_event(payload)
 
     def account_fanout(self, meta: tuple, nbytes: int, connection_ids: list[int]) -> None:
         """A dialect wrote one message to each of ``connection_ids`` (one frame of ``nbytes``)."""

@@ -243,6 +243,7 @@ class NolagSession(DialectSession):
         config = self.config
         # unacked QoS 1/2 frames, the QoS 2 ids written, the positions a reconnect replays from
         self.qos = QosWindow(config.ack_timeout_s, config.ack_backoff, config.max_attempts, config.max_unacked)
+        self.positions = self.qos.positions  # the window's, read by every fan-out without the window
         self.replaying: list | None = None  # live deliveries held while a replay is sent
         self.carrying = False  # replaying what an earlier connection left unacked (once this one acks)
         # Behind a QoS 2 message until its session shard has recorded it: that message, and every
@@ -663,9 +664,6 @@ class NolagSession(DialectSession):
             sub = self.subs.get(topic)
             if sub is None:
                 return
-            if (qos == 0 or sub.qos == 0) and self.replaying is None and not self.gated:
-                self.fan_out(payload, [self])  # nothing to track but the topic's position
-                return
             item = _Item(topic, packed, msg_id, min(qos, sub.qos), filter_, ts_ms, meta, False)
             if self.replaying is not None:
                 self.replaying.append(item)
@@ -710,52 +708,70 @@ class NolagSession(DialectSession):
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
     @staticmethod
-    def fan_out(payload: Any, sessions: list) -> None:
-        """One event for several sessions (``Gateway._fan_out``): the QoS 0 and QoS 1 recipients get
-        one of the message's two frames (without and with ``requiresAck``; every other field is
-        the message's), each built once, in a single loop, with one accounting group per frame; a
-        QoS 1 one is tracked in the recipient's window as :meth:`_write` does. Any other (QoS 2,
-        which is recorded first; a replay or a gated write in progress; presence) goes through
-        ``on_event``."""
+    def fan_out(payload: Any, connection_ids: tuple, gateway: Any) -> None:
+        """One event for several connections of this dialect (``Gateway._fan_out``), in one loop
+        over their ids: the QoS 0 and QoS 1 recipients get one of the message's two frames (without
+        and with ``requiresAck``; every other field is the message's), each built once, with one
+        accounting group per frame; a QoS 1 one is tracked in the recipient's window as
+        :meth:`_write` does. Any other (QoS 2, which is recorded first; a replay or a gated write in
+        progress; presence) goes through ``on_event``. A connection that is gone counts as
+        undeliverable on ``gateway``."""
+        connections = gateway.connections
         if type(payload) is not tuple:
-            for session in sessions:
-                session.on_event(payload)
+            for connection_id in connection_ids:
+                connection = connections.get(connection_id)
+                if connection is None or connection.session is None:
+                    gateway.undeliverable += 1
+                else:
+                    connection.session.on_event(payload)
             return
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
-        plain: tuple[bytes, bytes] | None = None  # the frame without requiresAck: (frame, wire frame)
-        acked: tuple[bytes, bytes] | None = None  # with it
+        plain: bytes | None = None  # the frame without requiresAck
+        plain_wire = b""  # it with its WebSocket header
+        acked: tuple[bytes, bytes] | None = None  # with it: (frame, wire frame)
         written_plain: list[int] = []
         written_acked: list[int] = []
+        gone = 0
+        tracked = qos != 0 and msg_id is not None  # else every recipient gets the plain frame
         now = time.monotonic()
-        for session in sessions:
-            if session.closed:
+        for connection_id in connection_ids:
+            wire = connections.get(connection_id)
+            if wire is None:
+                gone += 1
                 continue
+            session = wire.session
             if type(session) is not NolagSession:
-                session.on_event(payload)
+                if session is None:
+                    gone += 1
+                else:
+                    session.on_event(payload)
+                continue
+            if session.closed:
                 continue
             sub = session.subs.get(topic)
             if sub is None:
                 continue
-            level = qos if qos <= sub.qos else sub.qos
-            if level == 2 or session.replaying is not None or session.gated:
+            if session.replaying is not None or session.gated:
                 session.on_event(payload)
                 continue
-            window = session.qos
-            wire = session.wire
-            if level == 0 or msg_id is None:
+            if not tracked or sub.qos == 0:
                 session.last_sent = now
                 # Nothing to track but the topic's position (QosWindow.delivered, inlined: the hot path).
                 if plain is None:
-                    frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
-                    plain = (frame, frame_header(_BINARY, len(frame)) + frame)
-                if wire.send_frame(plain[1], _BINARY, plain[0]):
-                    positions = window.positions
+                    plain = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
+                    plain_wire = frame_header(_BINARY, len(plain)) + plain
+                if wire.send_frame(plain_wire, _BINARY, plain):
+                    positions = session.positions
                     if ts_ms > positions.get(topic, 0):
                         positions[topic] = ts_ms
-                    written_plain.append(wire.id)
+                    written_plain.append(connection_id)
                 elif meta is not None:
-                    session.gateway.account_delivery(meta, len(plain[0]), wire.id, False)
+                    gateway.account_delivery(meta, len(plain), connection_id, False)
                 continue
+            if qos == 2 and sub.qos == 2:
+                session.on_event(payload)  # recorded before it is written
+                continue
+            window = session.qos
             if msg_id in window.unacked:
                 continue  # already out and waiting for its ack (QosWindow.deliverable)
             session.last_sent = now
@@ -767,16 +783,18 @@ class NolagSession(DialectSession):
                 entry = Unacked(frame, ts_ms, 1, now + window.ack_timeout_s, 1, topic)
             if wire.send_frame(acked[1], _BINARY, acked[0]):
                 window.track(msg_id, entry)
-                written_acked.append(wire.id)
+                written_acked.append(connection_id)
             else:
-                window.delivered(topic, msg_id, level, ts_ms, acked[0], False, now)
+                window.delivered(topic, msg_id, 1, ts_ms, acked[0], False, now)
                 if meta is not None:
-                    session.gateway.account_delivery(meta, len(acked[0]), wire.id, False)
+                    gateway.account_delivery(meta, len(acked[0]), connection_id, False)
+        if gone:
+            gateway.undeliverable += gone
         if meta is not None:
             if written_plain:
-                sessions[0].gateway.account_fanout(meta, len(plain[0]), written_plain)
+                gateway.account_fanout(meta, len(plain), written_plain)
             if written_acked:
-                sessions[0].gateway.account_fanout(meta, len(acked[0]), written_acked)
+                gateway.account_fanout(meta, len(acked[0]), written_acked)
 
     def _frame(self, frame: bytes) -> None:
         """A frame that keeps its place behind messages waiting for their record."""

@@ -1,0 +1,145 @@
+"""NoLag's fan-out (``NolagSession.fan_out``): one message for a delivery group of connection ids,
+in one loop over them — the frames each recipient gets, what its window tracks, what is accounted
+and what counts as undeliverable. Plain objects: the gateway and the sockets are small fakes that
+keep what they were given; the sessions and their windows are the real ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import msgpack
+
+from gateways.nolag.config import NolagConfig
+from gateways.nolag.session import NolagDialect, NolagSession, _Subscription
+from gateways.server import frame_header
+
+TOPIC = "app/room/chat"
+META = ("gw", 7, 0, "nolag", "Publish", TOPIC)
+
+
+class Shards:
+    """Nothing here reaches a shard."""
+
+    def view(self, timeout_s: float) -> "Shards":
+        return self
+
+
+class Gateway:
+    def __init__(self) -> None:
+        self.shards = Shards()
+        self.connections: dict[int, Any] = {}
+        self.undeliverable = 0
+        self.fanouts: list[tuple[int, list[int]]] = []  # (frame size, connection ids)
+        self.failed: list[int] = []
+
+    def account_fanout(self, meta: tuple, nbytes: int, connection_ids: list[int]) -> None:
+        assert meta is META
+        self.fanouts.append((nbytes, list(connection_ids)))
+
+    def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
+        assert not sent
+        self.failed.append(connection_id)
+
+
+class Wire:
+    ids = itertools.count(1)
+
+    def __init__(self, takes: bool = True) -> None:
+        self.id = next(self.ids)
+        self.remote, self.path, self.query, self.dropped, self.last_activity = "127.0.0.1", "/ws", "", 0, 0.0
+        self.takes = takes  # False: a socket over its outbound limit
+        self.frames: list[dict] = []
+        self.session: Any = None
+
+    def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
+        assert frame == frame_header(opcode, len(payload)) + payload  # the frame is the payload's
+        if self.takes:
+            self.frames.append(msgpack.unpackb(payload))
+        return self.takes
+
+
+def connect(gateway: Gateway, dialect: NolagDialect, qos: int | None, takes: bool = True) -> NolagSession:
+    """A connection whose session is subscribed to TOPIC at ``qos`` (None: not subscribed)."""
+    wire = Wire(takes)
+    session = dialect.new_session(wire, [])
+    if qos is not None:
+        session.subs[TOPIC] = _Subscription(TOPIC, qos, (), False, None)
+    wire.session = session
+    gateway.connections[wire.id] = wire
+    return session
+
+
+def message(msg_id: str | None, qos: int, ts_ms: int) -> tuple:
+    return (TOPIC, msgpack.packb({"n": ts_ms}), msg_id, qos, None, ts_ms, "actor", META)
+
+
+def test_one_loop_over_the_ids_gives_each_recipient_its_frame_and_counts_the_connections_gone():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    plain = connect(gateway, dialect, 0)
+    acking = connect(gateway, dialect, 1)
+    other = connect(gateway, dialect, None)  # unsubscribed since the topic shard grouped it
+    replaying = connect(gateway, dialect, 1)
+    replaying.replaying = []  # a reconnect's replay in progress: live messages wait behind it
+    full = connect(gateway, dialect, 1, takes=False)
+    closed = connect(gateway, dialect, 0)
+    closed.closed = True
+    bare = Wire()  # a connection not (or no longer) bound to a session
+    gateway.connections[bare.id] = bare
+    gone = 10_000  # closed and forgotten
+    ids = tuple(s.wire.id for s in (plain, acking, other, replaying, full, closed)) + (bare.id, gone)
+
+    NolagSession.fan_out(message("m1", 1, 1_000), ids, gateway)
+
+    assert plain.wire.frames == [{"type": "message", "topic": TOPIC, "data": {"n": 1_000}, "msgId": "m1",
+                                  "timestamp": 1_000}]
+    assert acking.wire.frames == [{"type": "message", "topic": TOPIC, "data": {"n": 1_000}, "msgId": "m1",
+                                   "requiresAck": True, "timestamp": 1_000}]
+    assert other.wire.frames == [] and closed.wire.frames == [] and full.wire.frames == []
+    assert [item.msg_id for item in replaying.replaying] == ["m1"] and replaying.wire.frames == []
+    # positions: where a reconnect replays from
+    assert plain.qos.positions == {TOPIC: 1_000} and acking.qos.positions == {TOPIC: 1_000}
+    assert full.qos.positions == {}
+    # the QoS 1 recipients wait for the ack; the one whose socket did not take it is written later
+    assert list(acking.qos.unacked) == ["m1"] and acking.qos.unacked["m1"].attempts == 1
+    assert list(full.qos.unacked) == ["m1"] and full.qos.unacked["m1"].attempts == 0
+    assert list(full.qos.unwritten) == ["m1"]
+    assert plain.qos.unacked == {}
+    # one accounting group per frame; the refused write apart; the two gone as undeliverable
+    plain_size = len(msgpack.packb(plain.wire.frames[0]))
+    acked_size = len(msgpack.packb(acking.wire.frames[0]))
+    assert gateway.fanouts == [(plain_size, [plain.wire.id]), (acked_size, [acking.wire.id])]
+    assert gateway.failed == [full.wire.id]
+    assert gateway.undeliverable == 2
+
+    # the same message again: out and waiting for its ack, so not written twice
+    NolagSession.fan_out(message("m1", 1, 1_000), (acking.wire.id,), gateway)
+    assert len(acking.wire.frames) == 1
+
+
+def test_a_qos0_message_or_one_without_id_is_plain_for_everyone_and_qos2_waits_for_its_record():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    sessions = [connect(gateway, dialect, qos) for qos in (0, 1, 2)]
+    ids = tuple(s.wire.id for s in sessions)
+
+    NolagSession.fan_out(message(None, 0, 5), ids, gateway)
+    NolagSession.fan_out(message(None, 2, 6), ids, gateway)  # not logged: no id, nothing to ack
+    for session in sessions:
+        assert [f.get("requiresAck", False) for f in session.wire.frames] == [False, False]
+        assert session.qos.unacked == {} and session.qos.positions == {TOPIC: 6}
+    assert [size for size, _ in gateway.fanouts] == [gateway.fanouts[0][0]] * 2
+
+    gateway.fanouts.clear()
+    for session in sessions:
+        session.wire.frames.clear()
+    sessions[2].recording = True  # a record out already: this one queues behind it, gated
+    NolagSession.fan_out(message("q2", 2, 7), ids, gateway)
+    assert [f.get("requiresAck", False) for f in sessions[0].wire.frames] == [False]
+    assert [f.get("requiresAck", False) for f in sessions[1].wire.frames] == [True]
+    assert sessions[2].wire.frames == []  # QoS 2: recorded with its session shard before its write
+    assert [item.msg_id for item in sessions[2].gated] == ["q2"]
+    assert sessions[2].to_record == [("q2", TOPIC, 7)]
+    assert [ids_ for _, ids_ in gateway.fanouts] == [[sessions[0].wire.id], [sessions[1].wire.id]]
