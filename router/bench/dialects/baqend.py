@@ -24,8 +24,8 @@ Shared: ``connections`` (no hello) and ``churn`` (a subscribe = a real-time quer
 ``result``).
 
 ``--param`` keys (defaults): ``baqend.queries`` (1000,10000), ``baqend.connections`` (10),
-``baqend.matches`` (10), ``baqend.writes`` (20000), ``baqend.inflight`` (32: REST requests in
-flight), ``baqend.rest_connections`` (32: the writer's connections; ``inflight`` is pipelined over
+``baqend.matches`` (10), ``baqend.writes`` (20000), ``baqend.inflight`` (128: REST requests in
+flight), ``baqend.rest_connections`` (128: the writer's connections; ``inflight`` is pipelined over
 them), ``baqend.rate`` (1000), ``baqend.seconds`` (10), ``baqend.latency_queries`` (1000).
 Shards: 2 document and 2 query shards (the default count; ``ROUTER_SHARDS__DOCUMENT`` and
 ``ROUTER_SHARDS__QUERY`` change them), 1 session and 1 topic shard; the other dialects are off.
@@ -136,8 +136,11 @@ def _params(options: Options) -> dict[str, Any]:
         "connections": options.param("baqend.connections", 10),
         "matches": options.param("baqend.matches", 10),
         "writes": options.param("baqend.writes", 20_000),
-        "inflight": options.param("baqend.inflight", 32),
-        "rest_connections": options.param("baqend.rest_connections", 32),
+        # A flood from many writers, each with one request out, as many app clients write (the
+        # gateway answers a connection's pipelined requests one after another, like any HTTP/1.1
+        # server, so requests pipelined over fewer connections are fewer in flight).
+        "inflight": options.param("baqend.inflight", 128),
+        "rest_connections": options.param("baqend.rest_connections", 128),
         "rate": options.param("baqend.rate", 1000.0, float),
         "seconds": options.param("baqend.seconds", 10.0, float),
         "latency_queries": options.param("baqend.latency_queries", 1000),
