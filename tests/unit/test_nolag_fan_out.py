@@ -124,13 +124,18 @@ def test_a_qos0_message_or_one_without_id_is_plain_for_everyone_and_qos2_waits_f
     dialect = NolagDialect(gateway, NolagConfig())
     sessions = [connect(gateway, dialect, qos) for qos in (0, 1, 2)]
     ids = tuple(s.wire.id for s in sessions)
+    full = connect(gateway, dialect, 0, takes=False)
+    gated = connect(gateway, dialect, 1)
+    gated.gated.append(b"a frame behind a QoS 2 message being recorded")
 
-    NolagSession.fan_out(message(None, 0, 5), ids, gateway)
+    NolagSession.fan_out(message(None, 0, 5), ids + (full.wire.id, gated.wire.id), gateway)
     NolagSession.fan_out(message(None, 2, 6), ids, gateway)  # not logged: no id, nothing to ack
     for session in sessions:
         assert [f.get("requiresAck", False) for f in session.wire.frames] == [False, False]
         assert session.qos.unacked == {} and session.qos.positions == {TOPIC: 6}
     assert [size for size, _ in gateway.fanouts] == [gateway.fanouts[0][0]] * 2
+    assert gateway.failed == [full.wire.id] and full.qos.positions == {}  # refused: not written
+    assert gated.wire.frames == [] and [getattr(i, "ts_ms", None) for i in gated.gated] == [None, 5]
 
     gateway.fanouts.clear()
     for session in sessions:
