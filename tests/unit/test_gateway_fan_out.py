@@ -1,0 +1,63 @@
+"""The gateway's hand-off of a dialect event for several connections (``Gateway._apply`` →
+``_fan_out``): a dialect with ``fan_out`` gets the whole delivery group in one call and counts the
+connections that are gone itself; any other gets ``on_event`` per live session, and the gateway
+counts the gone ones. Plain objects: a gateway made without its start-up, fake connections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateways.gateway import Gateway
+from router.contract import DELIVER_EVENT
+
+
+class Connection:
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+
+class EventSession:
+    """A dialect session without ``fan_out``."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_event(self, payload: Any) -> None:
+        self.events.append(payload)
+
+
+class FanOutSession(EventSession):
+    calls: list[tuple] = []
+
+    @staticmethod
+    def fan_out(payload: Any, connection_ids: tuple, gateway: Any) -> None:
+        FanOutSession.calls.append((payload, connection_ids, gateway))
+
+
+def gateway(sessions: dict[int, Any]) -> Gateway:
+    gw = Gateway.__new__(Gateway)  # only what _apply reads
+    gw.connections = {cid: Connection(session) for cid, session in sessions.items()}
+    gw.undeliverable = 0
+    return gw
+
+
+def test_a_dialect_with_fan_out_gets_the_whole_group_in_one_call():
+    FanOutSession.calls.clear()
+    gw = gateway({1: None, 2: FanOutSession(), 3: FanOutSession()})  # 1: upgraded, no session yet
+    gw._apply([(DELIVER_EVENT, "event", (9, 1, 2, 3), None)])
+    assert FanOutSession.calls == [("event", (9, 1, 2, 3), gw)]
+    assert gw.undeliverable == 0  # the dialect counts the gone ones (9 and 1) in its loop
+
+
+def test_a_dialect_without_fan_out_gets_each_event_and_the_gateway_counts_the_gone_ones():
+    first, second = EventSession(), EventSession()
+    gw = gateway({1: None, 2: first, 3: second})
+    gw._apply([(DELIVER_EVENT, "event", (9, 1, 2, 3), None)])
+    assert first.events == ["event"] and second.events == ["event"]
+    assert gw.undeliverable == 2
+
+
+def test_a_group_whose_connections_are_all_gone_is_counted_once_each():
+    gw = gateway({1: None})
+    gw._apply([(DELIVER_EVENT, "event", (7, 8, 1), None)])
+    assert gw.undeliverable == 3
