@@ -345,6 +345,7 @@ class QueryTable:
                 continue
             # A query indexed by f = v is skipped when neither image has v at f: the write can
             # neither enter nor leave its result (nor matter while it loads).
+            matched: dict[Any, bool] = {}  # predicate -> after satisfies it: tested once per text
             for live in queries.candidates(before, after):
                 query = live.query
                 if query is None:
@@ -357,7 +358,13 @@ class QueryTable:
                             continue
                         if coverage.passed(epoch, seq):
                             del live.skip[source]
-                outputs += self._matches(live, query.changes(before, after, operation), meta)
+                hit = None
+                if after is not None:
+                    predicate = query.predicate
+                    hit = matched.get(predicate)
+                    if hit is None:
+                        hit = matched[predicate] = bool(predicate(after))
+                outputs += self._matches(live, query.changes(before, after, operation, hit), meta)
         return outputs
 
     def stats(self) -> dict[str, Any]:

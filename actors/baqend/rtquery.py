@@ -96,7 +96,10 @@ class RealtimeQuery:
         # is treated as not matching, so one that becomes hidden leaves the result.
         matches = _compile(query)
         self._visible = visible
-        self._predicate = matches if visible is None else (lambda document: matches(document) and visible(document))
+        # What a document must satisfy to be in the result: one object for every query of the
+        # same text without a ``visible`` check (:func:`_compile` shares them), so a caller
+        # matching one write against many queries tests it once per predicate.
+        self.predicate = matches if visible is None else (lambda document: matches(document) and visible(document))
         spec = _sort_spec(sort)
         self.offset = _offset(offset)
         requested_limit = _limit(limit)
@@ -121,7 +124,7 @@ class RealtimeQuery:
     # -- reading ---------------------------------------------------------------------------
 
     def matches(self, document: Document) -> bool:
-        return self._predicate(document)
+        return self.predicate(document)
 
     def result(self) -> list[Document]:
         """The current result: the visible window in order, or every match (in arrival order)."""
@@ -158,10 +161,15 @@ class RealtimeQuery:
                 delivered.append(event)
         return delivered
 
-    def changes(self, before: Document | None, after: Document | None, operation: str) -> list[Event]:
-        """Every event of one write with the most specific match type, before any filtering."""
+    def changes(self, before: Document | None, after: Document | None, operation: str,
+                matched: bool | None = None) -> list[Event]:
+        """Every event of one write with the most specific match type, before any filtering.
+        ``matched``: whether ``after`` satisfies :attr:`predicate`, if the caller knows (None: test it)."""
         object_id = self._object_id(before, after, operation)
-        new = after if after is not None and self._predicate(after) else None
+        if after is not None and (self.predicate(after) if matched is None else matched):
+            new = after
+        else:
+            new = None
         if self.is_sorted:
             return self._window_changes(object_id, before, after, new, operation)
         old = self._documents.get(object_id)
@@ -248,7 +256,7 @@ class RealtimeQuery:
         entry = self._entries.pop(object_id, None)
         if entry is not None:
             self._order.remove(entry)
-        if not self._predicate(document):
+        if not self.predicate(document):
             return
         self._documents[object_id] = document
         if self.is_sorted:
@@ -310,14 +318,36 @@ def _decode(value: Any, name: str) -> Any:
     return value
 
 
+# Compiled queries shared by every query of the same text (many clients subscribe to the same
+# few queries): one predicate object, tested once per write for all of them (QueryTable.apply).
+# Bounded in entries and in the text kept per entry; a longer query is compiled for itself.
+_SHARED_MAX = 4096
+_SHARED_TEXT_MAX = 1024
+_shared: dict[bytes, Callable[[Document], bool]] = {}
+
+
 def _compile(query: Any):
     query = _decode(query, "query")
+    query = {} if query is None else query
     try:
-        return compile_query({} if query is None else query)
+        text = orjson.dumps(query)
+    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits: not shared
+        text = None
+    if text is not None and len(text) <= _SHARED_TEXT_MAX:
+        predicate = _shared.get(text)
+        if predicate is not None:
+            return predicate
+    try:
+        predicate = compile_query(query)
     except UnsupportedQueryError as error:
         raise SubscriptionError(str(error), 400, NOT_SUPPORTED) from None
     except QueryError as error:
         raise SubscriptionError(str(error)) from None
+    if text is not None and len(text) <= _SHARED_TEXT_MAX:
+        if len(_shared) >= _SHARED_MAX:
+            del _shared[next(iter(_shared))]  # the oldest: its queries keep their predicate
+        _shared[text] = predicate
+    return predicate
 
 
 def _sort_spec(sort: Any):

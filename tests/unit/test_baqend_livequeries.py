@@ -436,3 +436,46 @@ def test_a_held_document_the_subscriber_may_no_longer_read_leaves_as_updated_not
     outputs = table.load("k", [source.scan()])  # the page has it (it matches), the subscriber may not read it
     assert brief(outputs) == [("match", "k", [("remove", "update", "a", None)])]
     assert outputs[0][1][2][0]["data"] == {"id": "/db/Todo/a"}
+
+
+def test_a_write_tests_the_predicate_of_one_query_text_once_for_all_its_queries(monkeypatch):
+    from actors.baqend import rtquery
+
+    tested = []
+    compile_query = rtquery.compile_query
+
+    def counted(query):
+        test = compile_query(query)
+
+        def predicate(document):
+            tested.append(document["id"])
+            return test(document)
+        return predicate
+
+    monkeypatch.setattr(rtquery, "compile_query", counted)
+    monkeypatch.setattr(rtquery, "_shared", {})
+    table = QueryTable()
+    text = {"g": 1, "n": {"$gt": 0}}
+    for index in range(5):
+        table.add(f"k{index}", ROUTE, f"s{index}", QuerySpec("Todo", text))
+    table.add("sorted", ROUTE, "t", QuerySpec("Todo", text, sort={"n": -1}, limit=2))
+    table.add("other", ROUTE, "u", QuerySpec("Todo", {"g": 1, "n": {"$gt": 5}}))
+    table.add("anon", ROUTE, "v", QuerySpec("Todo", text), reader(frozenset()))
+    for key in list(table.queries):
+        table.load(key, [])
+    tested.clear()
+    document = {"id": "/db/Todo/d", "version": 1, "acl": None, "g": 1, "n": 3}
+    outputs = table.apply(0, "e", [("Todo", None, document, "insert", 1, None)])
+    assert brief(outputs) == [*[("match", f"k{index}", [("add", "insert", "d", None)]) for index in range(5)],
+                              ("match", "sorted", [("add", "insert", "d", 0)]),
+                              ("match", "anon", [("add", "insert", "d", None)])]
+    # once for the five queries and the sorted one, once for "other", once inside "anon"'s own check
+    assert tested == ["/db/Todo/d"] * 3
+    tested.clear()
+    private = {**document, "version": 2, "n": 7, "acl": {"read": {"/db/User/u1": "allow"}, "write": {}}}
+    outputs = table.apply(0, "e", [("Todo", document, private, "update", 2, None)])
+    assert brief(outputs) == [*[("match", f"k{index}", [("change", "update", "d", None)]) for index in range(5)],
+                              ("match", "sorted", [("change", "update", "d", 0)]),
+                              ("match", "other", [("add", "update", "d", None)]),
+                              ("match", "anon", [("remove", "update", "d", None)])]
+    assert tested == ["/db/Todo/d"] * 3

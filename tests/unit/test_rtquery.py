@@ -565,3 +565,30 @@ def test_window_equals_rerunning_the_query_after_any_writes(before, after, query
             assert by_id(query.result()) == by_id(expected)
             assert by_id(client) == by_id(expected)
             assert len(events) <= 1
+
+
+def test_queries_of_one_text_share_one_predicate_and_the_shared_ones_are_bounded(monkeypatch):
+    from actors.baqend import rtquery
+
+    monkeypatch.setattr(rtquery, "_shared", {})
+    monkeypatch.setattr(rtquery, "_SHARED_MAX", 3)
+    first = RealtimeQuery({"n": 1, "s": {"$gt": "a"}})
+    assert RealtimeQuery('{"n": 1, "s": {"$gt": "a"}}').predicate is first.predicate  # the text sent as JSON
+    assert RealtimeQuery({"s": {"$gt": "a"}, "n": 1}).predicate is not first.predicate  # another text
+    assert RealtimeQuery({"n": 1.0, "s": {"$gt": "a"}}).predicate is not first.predicate
+    hidden = RealtimeQuery({"n": 1, "s": {"$gt": "a"}}, visible=lambda document: False)
+    assert hidden.predicate is not first.predicate and not hidden.predicate(obj("a", n=1, s="b"))
+    assert first.predicate(obj("a", n=1, s="b"))
+    # at most _SHARED_MAX texts are kept, the oldest leaves first; a query keeps its predicate
+    RealtimeQuery({"n": 9})
+    assert [text.decode() for text in rtquery._shared] == ['{"s":{"$gt":"a"},"n":1}', '{"n":1.0,"s":{"$gt":"a"}}',
+                                                           '{"n":9}']
+    again = RealtimeQuery({"n": 1, "s": {"$gt": "a"}})
+    assert again.predicate is not first.predicate and again.apply(None, obj("a", n=1, s="b"), "insert")
+    # a long text, or one orjson cannot write, is compiled for its query alone
+    long = {"s": "x" * 2000}
+    assert RealtimeQuery(long).predicate is not RealtimeQuery(long).predicate
+    huge = {"n": 2 ** 70}
+    assert RealtimeQuery(huge).predicate is not RealtimeQuery(huge).predicate
+    assert RealtimeQuery(huge).predicate(obj("a", n=2 ** 70))
+    assert len(rtquery._shared) == 3
