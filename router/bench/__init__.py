@@ -42,8 +42,9 @@ def _own_scenarios() -> dict[str, list[str]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     own = sorted({scenario for names in _own_scenarios().values() for scenario in names} - set(SCENARIOS))
-    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all", "lanes"),
-                        help="a scenario, all of them, or lanes (what the gateway–shard transport costs)")
+    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all", "lanes", "matching"),
+                        help="a scenario, all of them, lanes (what the gateway–shard transport costs) or "
+                             "matching (what Baqend's query shards pay per write as queries grow, in-process)")
     parser.add_argument("--dialect", default="signal",
                         help=f"comma-separated router dialects to measure: {', '.join(bench_dialects.NAMES)}, "
                              "or all (default signal)")
@@ -175,6 +176,21 @@ def _lanes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _matching(args: argparse.Namespace) -> int:
+    from router.bench import matching
+    from router.bench.report import machine
+
+    params = Options(params=_params(args.param))
+    queries = params.param("baqend.queries", [1000, 2000, 5000, 10_000, 20_000])
+    per_group, matches = params.param("baqend.per_group", 200), params.param("baqend.matches", 10)
+    rows = matching.run(queries if isinstance(queries, list) else [queries], per_group, matches)
+    out = Path(args.out or "benchmarks/results/bench-matching.json")
+    write_json(out, {"scenario": "matching", "machine": machine(), "per_group": per_group, "matches": matches,
+                     "results": rows})
+    print(f"results written to {out}")
+    return 0
+
+
 def plan_cases(scenario: str, dialects: list[str], options: Options) -> list[Case]:
     """The cases of ``scenario`` (or ``all``) for each dialect that runs it, then the shared cases
     once more for the baselines (``dialect`` None)."""
@@ -205,6 +221,8 @@ def plan_cases(scenario: str, dialects: list[str], options: Options) -> list[Cas
 def run(args: argparse.Namespace) -> int:
     if args.scenario == "lanes":
         return _lanes(args)
+    if args.scenario == "matching":
+        return _matching(args)
     options = Options(
         subscribers=args.subscribers, deliveries=args.deliveries, messages_s1=args.messages_s1, window=args.window,
         procs=args.procs, pairs=args.pairs, p2p_messages=args.p2p_messages, rate=args.rate,

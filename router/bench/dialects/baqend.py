@@ -23,7 +23,7 @@ Own scenarios:
 Shared: ``connections`` (no hello) and ``churn`` (a subscribe = a real-time query answered by its
 ``result``).
 
-``--param`` keys (defaults): ``baqend.queries`` (1000,10000), ``baqend.connections`` (10),
+``--param`` keys (defaults): ``baqend.queries`` (1000,2000,5000,10000: the curve), ``baqend.connections`` (10),
 ``baqend.matches`` (10), ``baqend.writes`` (20000), ``baqend.inflight`` (128: REST requests in
 flight), ``baqend.rest_connections`` (128: the writer's connections; ``inflight`` is pipelined over
 them), ``baqend.rate`` (1000), ``baqend.seconds`` (10), ``baqend.latency_queries`` (1000).
@@ -130,7 +130,7 @@ class Layout:
 
 
 def _params(options: Options) -> dict[str, Any]:
-    queries = options.param("baqend.queries", [1000, 10_000])
+    queries = options.param("baqend.queries", [1000, 2000, 5000, 10_000])
     return {
         "queries": queries if isinstance(queries, list) else [queries],
         "connections": options.param("baqend.connections", 10),
