@@ -11,7 +11,9 @@ A connection is in one of three modes:
 - ``latency``: like ``count``, and each frame's ``@<19 digits>`` send time (``time.monotonic_ns``,
   shared by all processes of the machine) is recorded in the tally's histogram;
 - ``handle``: each data frame's payload goes to the connection's ``handler`` (a dialect's receiver
-  that must answer, e.g. acknowledge, or read what it counts), which returns how many to count.
+  that must answer, e.g. acknowledge, or read what it counts), which returns how many to count; a
+  handler with a ``chunk(buffer, end, frames)`` method is handed each read's complete data frames
+  at once instead, and may decline (None) to take them one by one.
 """
 
 from __future__ import annotations
@@ -243,6 +245,18 @@ class WsClient(_Stream):
             self._open = True
             self.upgraded.set_result(None)
         mode = self.mode
+        if mode == HANDLE and self.handler is not None and hasattr(self.handler, "chunk"):
+            # A handler that reads a whole chunk of data frames at once (C-speed searches over the
+            # buffer, no Python work per frame); it answers None when it cannot, then each frame
+            # goes to it as below.
+            data_frames, consumed, control = count_data_frames(buffer)
+            if not control and data_frames:
+                counted = self.handler.chunk(buffer, consumed, data_frames)
+                if counted is not None:
+                    del buffer[:consumed]
+                    if counted:
+                        self._counted(counted)
+                    return
         if mode == COUNT:
             data_frames, consumed, control = count_data_frames(buffer)
             if control:  # rare: a ping or a close among the data frames; take the general path

@@ -246,3 +246,88 @@ def test_a_nolag_receivers_batch_ack_joins_the_ids_as_the_router_packed_them(cou
     assert msgpack.unpackb(packed) == {"type": "batchAck", "msgIds": ids}
     if count <= 1000:  # what the router accepts in one batchAck
         assert codec.decode(packed) == codec.BatchAck(tuple(ids))
+
+
+def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
+    """``_Acker.chunk``: the ids of a read's complete frames found by one search; the same counts,
+    duplicates and ``batchAck``s (``every`` ids each, the rest on the idle timer) as frame by frame,
+    a frame cut by the read's end kept for the next; a read it cannot take (an id that is not a
+    UUID) goes frame by frame."""
+    import uuid
+
+    import msgpack
+
+    from gateways.nolag import codec
+    from gateways.server import frame_header
+    from router.bench.dialects.nolag import _Acker
+    from router.bench.wire import HANDLE, Tally, WsClient
+
+    def message(msg_id: str) -> bytes:
+        payload = codec.message_packed("app/room/t", msgpack.packb("x" * 50), msg_id, True, False, None, None, 1)
+        return frame_header(0x2, len(payload)) + payload
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+    class Dialect:
+        duplicates = acks = one_by_one = 0
+
+    class Acker(_Acker):
+        __slots__ = ()
+
+        def __call__(self, payload: bytes) -> int:
+            self.dialect.one_by_one += 1
+            return super().__call__(payload)
+
+    class FrameByFrame(Acker):
+        __slots__ = ()
+
+        def chunk(self, buffer, end, frames):
+            return None
+
+    one_by_one: list[int] = []  # frames each receive() handed to __call__
+
+    def receive(chunks: list[bytes], chunked: bool) -> tuple:
+        async def run() -> tuple:
+            client = WsClient("h", 1, "/", Tally(), 0x2)
+            client.transport, client._open, client.mode = Transport(), True, HANDLE
+            dialect = Dialect()
+            client.handler = (Acker if chunked else FrameByFrame)(client, dialect, every=4)
+            for chunk in chunks:
+                client.data_received(chunk)
+            # client frames: masked with the zero key, so the payload follows the header's 4 mask bytes
+            acks = [msgpack.unpackb(frame[(4 if frame[1] & 0x7F == 126 else 2) + 4:])["msgIds"]
+                    for frame in client.transport.written]
+            result = (client.tally.count, dialect.duplicates, dialect.acks, acks, list(client.handler.pending),
+                      bytes(client.buffer))
+            one_by_one.append(dialect.one_by_one)
+            client.handler.flush()
+            return result
+        return asyncio.run(run())
+
+    ids = [str(uuid.UUID(int=index)) for index in range(10)]
+    frames = [message(msg_id) for msg_id in ids] + [message(ids[2])]  # the last one: a redelivery
+    stream = b"".join(frames)
+    cut = len(stream) - len(frames[-1]) // 2  # the last frame split over two reads
+    chunks = [stream[:len(frames[0]) * 3], stream[len(frames[0]) * 3:cut], stream[cut:]]
+    expected = (10, 1, 2, [ids[0:4], ids[4:8]], [msg_id.encode() for msg_id in (ids[8], ids[9], ids[2])], b"")
+    packed = [msgpack.packb(msg_id) for msg_id in ids]
+    got = receive(chunks, chunked=True)
+    assert got[:4] == expected[:4] and got[4] == [packed[8], packed[9], packed[2]] and got[5] == b""
+    assert receive(chunks, chunked=False) == got
+    assert one_by_one == [0, 11]
+    # after the first two reads the cut frame waits in the buffer, the rest counted
+    assert receive(chunks[:2], chunked=True)[0] == 10 and receive(chunks[:2], chunked=True)[5] == stream[
+        len(stream) - len(frames[-1]):cut]
+    # an id that is not a UUID: the read goes frame by frame, with the same result
+    short = [message(f"m{index}") for index in range(6)]
+    assert receive([b"".join(short)], chunked=True) == receive([b"".join(short)], chunked=False)
+    assert receive([b"".join(short)], chunked=True)[:3] == (6, 0, 1)
+    assert one_by_one[-3:] == [6, 6, 6]
