@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import time
-import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Container, Mapping, NamedTuple
@@ -22,6 +21,7 @@ import orjson
 from psycopg_pool import ConnectionPool
 
 from router.errors import CommandError
+from router.ids import uuid4
 from router.nesting import MAX_NESTING, too_deep
 from router.pgtext import from_text, to_text
 from router.postgres import create_schema, pool_of, transaction
@@ -101,7 +101,7 @@ def object_id(bucket: str, key: str) -> str:
 
 
 def new_key() -> str:
-    return str(uuid.uuid4())
+    return uuid4()
 
 
 # -- access control ------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from typing import Any, Awaitable, Callable, NamedTuple, TypeVar
 
@@ -49,6 +48,7 @@ from gateways.shardclient import ShardLink
 from router import contract
 from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable
+from router.ids import uuid4
 from actors.nolag.keys import KeyRecord, KeyStore, month_of, open_key_store, pattern_matches
 from router.ratelimit import TokenBucket
 from router.shardmap import SESSION, TOPIC
@@ -646,7 +646,7 @@ class NolagSession(DialectSession):
         if topic not in self.subs:
             raise codec.nolag_error("not_subscribed", f"subscribe to {topic} before publishing to it", topic, ref)
         stored = request.qos >= 1 and self.config.log_retention_s > 0
-        msg_id = str(uuid.uuid4()) if stored else None
+        msg_id = uuid4() if stored else None
         key = topic_key(self.project, topic)
         exclude = None if request.echo else self.wire.id
         command = nolag.publish(key, topic, request.data_packed, request.qos, request.filter, exclude, msg_id,
