@@ -484,3 +484,19 @@ def test_error_code_constants():
         "version_mismatch", "unauthorized", "rate_limited", "unknown_actor",
         "message_too_large", "message_expired", "timeout", "internal_error",
     )
+
+
+def test_known_addresses_answer_as_the_check_does_and_stay_bounded(monkeypatch):
+    from gateways.signal import codec as signal_codec
+
+    monkeypatch.setattr(signal_codec, "_KNOWN", {})
+    monkeypatch.setattr(signal_codec, "_KNOWN_MAX", 3)
+    for _ in range(2):  # the second time from the known ones
+        assert normalize_address("@(rt/a)") == "rt/a"
+        assert normalize_address("rt/a") == "rt/a"
+        assert normalize_address("RT/a") is None and normalize_address("@(rt/a") is None
+    assert signal_codec._KNOWN == {"@(rt/a)": "rt/a", "rt/a": "rt/a"}  # invalid ones are never kept
+    assert normalize_address("rt/b") == "rt/b" and len(signal_codec._KNOWN) == 3
+    assert normalize_address("rt/c") == "rt/c" and signal_codec._KNOWN == {"rt/c": "rt/c"}  # full: emptied
+    long = "r" * 200 + "/a"
+    assert normalize_address(long) == long and long not in signal_codec._KNOWN
