@@ -13,6 +13,7 @@ at once, so the window never needs a re-query and never drifts from the database
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
@@ -320,20 +321,19 @@ def _decode(value: Any, name: str) -> Any:
 
 # Compiled queries shared by every query of the same text (many clients subscribe to the same
 # few queries): one predicate object, tested once per write for all of them (QueryTable.apply).
-# Bounded in entries and in the text kept per entry; a longer query is compiled for itself.
+# Only a query made of JSON's own values is shared (what its text decodes back to; not a NaN,
+# a tuple or a datetime given through the Python API), by its text of at most 1 KiB; an entry
+# lives as long as a query holds its predicate, and at most 4,096 are shared at once.
 _SHARED_MAX = 4096
 _SHARED_TEXT_MAX = 1024
-_shared: dict[bytes, Callable[[Document], bool]] = {}
+_shared: weakref.WeakValueDictionary[bytes, Callable[[Document], bool]] = weakref.WeakValueDictionary()
 
 
 def _compile(query: Any):
     query = _decode(query, "query")
     query = {} if query is None else query
-    try:
-        text = orjson.dumps(query)
-    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits: not shared
-        text = None
-    if text is not None and len(text) <= _SHARED_TEXT_MAX:
+    text = _shared_text(query)
+    if text is not None:
         predicate = _shared.get(text)
         if predicate is not None:
             return predicate
@@ -343,11 +343,23 @@ def _compile(query: Any):
         raise SubscriptionError(str(error), 400, NOT_SUPPORTED) from None
     except QueryError as error:
         raise SubscriptionError(str(error)) from None
-    if text is not None and len(text) <= _SHARED_TEXT_MAX:
-        if len(_shared) >= _SHARED_MAX:
-            del _shared[next(iter(_shared))]  # the oldest: its queries keep their predicate
-        _shared[text] = predicate
+    if text is not None and len(_shared) < _SHARED_MAX:
+        try:
+            _shared[text] = predicate
+        except TypeError:  # a predicate that cannot be weakly referenced: not shared
+            pass
     return predicate
+
+
+def _shared_text(query: Any) -> bytes | None:
+    """The text ``query`` is shared by, or None (too long, or not made of JSON's own values)."""
+    try:
+        text = orjson.dumps(query)
+    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits
+        return None
+    if len(text) > _SHARED_TEXT_MAX or orjson.loads(text) != query:
+        return None
+    return text
 
 
 def _sort_spec(sort: Any):

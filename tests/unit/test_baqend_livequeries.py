@@ -439,6 +439,8 @@ def test_a_held_document_the_subscriber_may_no_longer_read_leaves_as_updated_not
 
 
 def test_a_write_tests_the_predicate_of_one_query_text_once_for_all_its_queries(monkeypatch):
+    import weakref
+
     from actors.baqend import rtquery
 
     tested = []
@@ -453,7 +455,7 @@ def test_a_write_tests_the_predicate_of_one_query_text_once_for_all_its_queries(
         return predicate
 
     monkeypatch.setattr(rtquery, "compile_query", counted)
-    monkeypatch.setattr(rtquery, "_shared", {})
+    monkeypatch.setattr(rtquery, "_shared", weakref.WeakValueDictionary())
     table = QueryTable()
     text = {"g": 1, "n": {"$gt": 0}}
     for index in range(5):
@@ -472,10 +474,17 @@ def test_a_write_tests_the_predicate_of_one_query_text_once_for_all_its_queries(
     # once for the five queries and the sorted one, once for "other", once inside "anon"'s own check
     assert tested == ["/db/Todo/d"] * 3
     tested.clear()
+    # two writes in one batch: each tested on its own
     private = {**document, "version": 2, "n": 7, "acl": {"read": {"/db/User/u1": "allow"}, "write": {}}}
-    outputs = table.apply(0, "e", [("Todo", document, private, "update", 2, None)])
+    public = {"id": "/db/Todo/e", "version": 1, "acl": None, "g": 1, "n": 9}
+    outputs = table.apply(0, "e", [("Todo", document, private, "update", 2, None),
+                                   ("Todo", None, public, "insert", 3, None)])
     assert brief(outputs) == [*[("match", f"k{index}", [("change", "update", "d", None)]) for index in range(5)],
                               ("match", "sorted", [("change", "update", "d", 0)]),
                               ("match", "other", [("add", "update", "d", None)]),
-                              ("match", "anon", [("remove", "update", "d", None)])]
-    assert tested == ["/db/Todo/d"] * 3
+                              ("match", "anon", [("remove", "update", "d", None)]),
+                              *[("match", f"k{index}", [("add", "insert", "e", None)]) for index in range(5)],
+                              ("match", "sorted", [("add", "insert", "e", 0)]),
+                              ("match", "other", [("add", "insert", "e", None)]),
+                              ("match", "anon", [("add", "insert", "e", None)])]
+    assert tested == ["/db/Todo/d"] * 3 + ["/db/Todo/e"] * 3

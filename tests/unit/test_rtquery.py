@@ -568,27 +568,42 @@ def test_window_equals_rerunning_the_query_after_any_writes(before, after, query
 
 
 def test_queries_of_one_text_share_one_predicate_and_the_shared_ones_are_bounded(monkeypatch):
+    import gc
+    import math
+    import weakref
+
     from actors.baqend import rtquery
 
-    monkeypatch.setattr(rtquery, "_shared", {})
+    monkeypatch.setattr(rtquery, "_shared", weakref.WeakValueDictionary())
     monkeypatch.setattr(rtquery, "_SHARED_MAX", 3)
     first = RealtimeQuery({"n": 1, "s": {"$gt": "a"}})
     assert RealtimeQuery('{"n": 1, "s": {"$gt": "a"}}').predicate is first.predicate  # the text sent as JSON
-    assert RealtimeQuery({"s": {"$gt": "a"}, "n": 1}).predicate is not first.predicate  # another text
-    assert RealtimeQuery({"n": 1.0, "s": {"$gt": "a"}}).predicate is not first.predicate
+    reordered, floats = RealtimeQuery({"s": {"$gt": "a"}, "n": 1}), RealtimeQuery({"n": 1.0, "s": {"$gt": "a"}})
+    assert reordered.predicate is not first.predicate and floats.predicate is not first.predicate  # other texts
     hidden = RealtimeQuery({"n": 1, "s": {"$gt": "a"}}, visible=lambda document: False)
     assert hidden.predicate is not first.predicate and not hidden.predicate(obj("a", n=1, s="b"))
     assert first.predicate(obj("a", n=1, s="b"))
-    # at most _SHARED_MAX texts are kept, the oldest leaves first; a query keeps its predicate
-    RealtimeQuery({"n": 9})
-    assert [text.decode() for text in rtquery._shared] == ['{"s":{"$gt":"a"},"n":1}', '{"n":1.0,"s":{"$gt":"a"}}',
-                                                           '{"n":9}']
-    again = RealtimeQuery({"n": 1, "s": {"$gt": "a"}})
-    assert again.predicate is not first.predicate and again.apply(None, obj("a", n=1, s="b"), "insert")
-    # a long text, or one orjson cannot write, is compiled for its query alone
+    # at most _SHARED_MAX texts are shared at once: past them a query compiles its own
+    assert len(rtquery._shared) == 3
+    assert RealtimeQuery({"n": 9}).predicate is not RealtimeQuery({"n": 9}).predicate
+    # an entry lives as long as a query holds its predicate
+    del first, hidden, reordered, floats
+    gc.collect()
+    assert len(rtquery._shared) == 0
+    again = RealtimeQuery({"n": 9})
+    assert RealtimeQuery({"n": 9}).predicate is again.predicate
+    # a long text, or a query that is not made of JSON's own values, is compiled for its query
     long = {"s": "x" * 2000}
     assert RealtimeQuery(long).predicate is not RealtimeQuery(long).predicate
     huge = {"n": 2 ** 70}
     assert RealtimeQuery(huge).predicate is not RealtimeQuery(huge).predicate
     assert RealtimeQuery(huge).predicate(obj("a", n=2 ** 70))
-    assert len(rtquery._shared) == 3
+    # NaN is written as null: it must not share null's predicate (nor a tuple a list's)
+    nan, null = RealtimeQuery({"n": math.nan}), RealtimeQuery({"n": None})
+    assert nan.predicate is not null.predicate
+    assert null.predicate(obj("a")) and not nan.predicate(obj("a"))
+    with pytest.raises(SubscriptionError):
+        RealtimeQuery({"$or": ({"a": 1},)})  # a tuple is not an array, shared or not
+    RealtimeQuery({"$or": [{"a": 1}]})
+    with pytest.raises(SubscriptionError):
+        RealtimeQuery({"$or": ({"a": 1},)})
