@@ -32,3 +32,25 @@ def test_a_forked_child_does_not_repeat_its_parents_ids():
     os.close(read)
     assert child != ids.uuid4()
     assert uuid.UUID(child).version == 4
+
+
+def test_threads_never_take_the_same_bytes(monkeypatch):
+    import threading
+    import time
+
+    def slow_len(value):  # a thread switch between reading the position and moving it
+        time.sleep(0)
+        return len(value)
+
+    monkeypatch.setattr(ids, "len", slow_len, raising=False)
+    made: list[str] = []
+
+    def take() -> None:
+        made.extend(ids.uuid4() for _ in range(500))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 2000 and len(set(made)) == 2000
