@@ -94,7 +94,7 @@ def normalize_address(value: Any) -> str | None:
         value = value[2:-1]
     if not ADDRESS_RE.fullmatch(value):
         return None
-    if len(sent) <= _KNOWN_LENGTH:
+    if type(sent) is str and len(sent) <= _KNOWN_LENGTH:
         if len(_KNOWN) >= _KNOWN_MAX:
             _KNOWN.clear()
         _KNOWN[sent] = value

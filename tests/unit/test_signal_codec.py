@@ -500,3 +500,9 @@ def test_known_addresses_answer_as_the_check_does_and_stay_bounded(monkeypatch):
     assert normalize_address("rt/c") == "rt/c" and signal_codec._KNOWN == {"rt/c": "rt/c"}  # full: emptied
     long = "r" * 200 + "/a"
     assert normalize_address(long) == long and long not in signal_codec._KNOWN
+
+    class Text(str):
+        pass
+
+    assert normalize_address(Text("rt/d")) == "rt/d" and "rt/d" not in signal_codec._KNOWN  # plain str only
+    assert type(normalize_address("rt/d")) is str
