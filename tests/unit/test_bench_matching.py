@@ -16,7 +16,6 @@ def test_a_run_matches_each_write_against_its_group_and_counts_the_window_remove
     # group, and the sorted one's window of 10 pushes a document out for each of the last 10
     assert (result["queries"], result["writes"]) == (100, 200)
     assert result["events_per_write"] == (200 * 10 + 10 * 10) / 200
-    assert result["us_per_write"] > 0
     with pytest.raises(SystemExit, match="not a multiple"):
         matching.measure(105, per_group=1, matches=10)
 

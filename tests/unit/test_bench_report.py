@@ -306,7 +306,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             acks = [msgpack.unpackb(frame[(4 if frame[1] & 0x7F == 126 else 2) + 4:])["msgIds"]
                     for frame in client.transport.written]
             result = (client.tally.count, dialect.duplicates, dialect.acks, acks, list(client.handler.pending),
-                      bytes(client.buffer))
+                      bytes(client.buffer), client.handler.timer is not None)
             one_by_one.append(dialect.one_by_one)
             client.handler.flush()
             return result
@@ -317,10 +317,10 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     stream = b"".join(frames)
     cut = len(stream) - len(frames[-1]) // 2  # the last frame split over two reads
     chunks = [stream[:len(frames[0]) * 3], stream[len(frames[0]) * 3:cut], stream[cut:]]
-    expected = (10, 1, 2, [ids[0:4], ids[4:8]], [msg_id.encode() for msg_id in (ids[8], ids[9], ids[2])], b"")
     packed = [msgpack.packb(msg_id) for msg_id in ids]
     got = receive(chunks, chunked=True)
-    assert got[:4] == expected[:4] and got[4] == [packed[8], packed[9], packed[2]] and got[5] == b""
+    # 11 frames, one a redelivery; two batchAcks of 4, three ids wait for the idle timer
+    assert got == (10, 1, 2, [ids[0:4], ids[4:8]], [packed[8], packed[9], packed[2]], b"", True)
     assert receive(chunks, chunked=False) == got
     assert one_by_one == [0, 11]
     # after the first two reads the cut frame waits in the buffer, the rest counted
@@ -330,4 +330,8 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     short = [message(f"m{index}") for index in range(6)]
     assert receive([b"".join(short)], chunked=True) == receive([b"".join(short)], chunked=False)
     assert receive([b"".join(short)], chunked=True)[:3] == (6, 0, 1)
-    assert one_by_one[-3:] == [6, 6, 6]
+    # a read that leaves nothing pending leaves no idle timer either
+    reads = [b"".join(frames[:3]), b"".join(frames[3:8])]  # the first arms the timer, the second ends it
+    assert receive(reads, chunked=True)[2:] == (2, [ids[0:4], ids[4:8]], [], b"", False)
+    assert receive(reads, chunked=False)[2:] == (2, [ids[0:4], ids[4:8]], [], b"", False)
+    assert one_by_one[-5:] == [6, 6, 6, 0, 8]

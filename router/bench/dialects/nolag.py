@@ -151,10 +151,14 @@ class _Acker:
             return None
         pending, every = self.pending, self.every
         pending += ids
-        while len(pending) >= every:
-            self.client.send(batch_ack(pending[:every]))
-            self.dialect.acks += 1
-            del pending[:every]
+        if len(pending) >= every and not self.client.closed.done():
+            while len(pending) >= every:
+                self.client.send(batch_ack(pending[:every]))
+                self.dialect.acks += 1
+                del pending[:every]
+            if self.timer is not None:  # as flush(): the idle timer starts again from what is left
+                self.timer.cancel()
+                self.timer = None
         if pending and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
         seen = self.seen
