@@ -177,13 +177,13 @@ def _lanes(args: argparse.Namespace) -> int:
 
 
 def _matching(args: argparse.Namespace) -> int:
-    from router.bench import matching
+    from router.bench.dialects import baqend
     from router.bench.report import machine
 
     params = Options(params=_params(args.param))
     queries = params.param("baqend.queries", [1000, 2000, 5000, 10_000, 20_000])
     per_group, matches = params.param("baqend.per_group", 200), params.param("baqend.matches", 10)
-    rows = matching.run(queries if isinstance(queries, list) else [queries], per_group, matches)
+    rows = baqend.matching_run(queries if isinstance(queries, list) else [queries], per_group, matches)
     out = Path(args.out or "benchmarks/results/bench-matching.json")
     write_json(out, {"scenario": "matching", "machine": machine(), "per_group": per_group, "matches": matches,
                      "results": rows})

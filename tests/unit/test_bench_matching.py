@@ -1,4 +1,4 @@
-"""router/bench/matching.py: the in-process curve of what Baqend's query shards pay per write."""
+"""router bench matching (router/bench/dialects/baqend.py): the in-process curve of what Baqend's query shards pay per write."""
 
 from __future__ import annotations
 
@@ -6,18 +6,19 @@ import json
 
 import pytest
 
-from router.bench import matching, run
+from router.bench import run
+from router.bench.dialects import baqend
 from router.cli import build_parser
 
 
 def test_a_run_matches_each_write_against_its_group_and_counts_the_window_removes():
-    result = matching.measure(100, per_group=20, matches=10)
+    result = baqend.matching_measure(100, per_group=20, matches=10)
     # 10 groups of 10 queries, 20 writes each: every write is an add for the 10 queries of its
     # group, and the sorted one's window of 10 pushes a document out for each of the last 10
     assert (result["queries"], result["writes"]) == (100, 200)
     assert result["events_per_write"] == (200 * 10 + 10 * 10) / 200
     with pytest.raises(SystemExit, match="not a multiple"):
-        matching.measure(105, per_group=1, matches=10)
+        baqend.matching_measure(105, per_group=1, matches=10)
 
 
 def test_router_bench_matching_writes_one_row_per_query_count(tmp_path, capsys):
