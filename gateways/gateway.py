@@ -420,6 +420,12 @@ class Gateway:
                     fan_out(payload, connection_ids, self)
                     return
                 break
+        self.each_event(payload, connection_ids)
+
+    def each_event(self, payload: Any, connection_ids: tuple) -> None:
+        """``payload`` to the session of each of ``connection_ids`` by its ``on_event``; a
+        connection that is gone counts as undeliverable."""
+        connections = self.connections
         for connection_id in connection_ids:
             connection = connections.get(connection_id)
             if connection is not None and connection.session is not None:

@@ -716,15 +716,10 @@ class NolagSession(DialectSession):
         :meth:`_write` does. Any other (QoS 2, which is recorded first; a replay or a gated write in
         progress; presence) goes through ``on_event``. A connection that is gone counts as
         undeliverable on ``gateway``."""
-        connections = gateway.connections
         if type(payload) is not tuple:
-            for connection_id in connection_ids:
-                connection = connections.get(connection_id)
-                if connection is None or connection.session is None:
-                    gateway.undeliverable += 1
-                else:
-                    connection.session.on_event(payload)
+            gateway.each_event(payload, connection_ids)
             return
+        connections = gateway.connections
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
         plain: bytes | None = None  # the frame without requiresAck
         plain_wire = b""  # it with its WebSocket header
