@@ -83,22 +83,22 @@ _KNOWN_LENGTH = 128
 
 def normalize_address(value: Any) -> str | None:
     """A canonical address ``runtime/actor-id``; the ``@(runtime/actor-id)`` form is accepted too."""
-    if type(value) is str:
-        known = _KNOWN.get(value)
-        if known is not None:
-            return known
-    elif not isinstance(value, str):
-        return None
-    sent = value
+    if type(value) is not str:
+        return _canonical(value) if isinstance(value, str) else None
+    address = _KNOWN.get(value)
+    if address is None:
+        address = _canonical(value)
+        if address is not None and len(value) <= _KNOWN_LENGTH:
+            if len(_KNOWN) >= _KNOWN_MAX:
+                _KNOWN.clear()
+            _KNOWN[value] = address
+    return address
+
+
+def _canonical(value: str) -> str | None:
     if value.startswith("@(") and value.endswith(")"):
         value = value[2:-1]
-    if not ADDRESS_RE.fullmatch(value):
-        return None
-    if type(sent) is str and len(sent) <= _KNOWN_LENGTH:
-        if len(_KNOWN) >= _KNOWN_MAX:
-            _KNOWN.clear()
-        _KNOWN[sent] = value
-    return value
+    return value if ADDRESS_RE.fullmatch(value) else None
 
 
 def _is_number(value: Any) -> bool:
