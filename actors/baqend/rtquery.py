@@ -344,10 +344,7 @@ def _compile(query: Any):
     except QueryError as error:
         raise SubscriptionError(str(error)) from None
     if text is not None and len(_shared) < _SHARED_MAX:
-        try:
-            _shared[text] = predicate
-        except TypeError:  # a predicate that cannot be weakly referenced: not shared
-            pass
+        _shared[text] = predicate  # a compiled query is a Python function: weakly referenced
     return predicate
 
 
