@@ -65,6 +65,8 @@ QUOTA_BLOCK = 100  # messages of a key's monthly quota a gateway reserves at onc
 # (before the key is read, the rate limit does not apply yet); beyond either it is closed (1008).
 MAX_WAITING_FRAMES = 1000
 MAX_WAITING_BYTES = 4 * 1024 * 1024
+# A session's ``live`` while a live message may not be written to it at once (never written to).
+_NOT_LIVE: dict = {}
 
 T = TypeVar("T")
 
@@ -89,6 +91,8 @@ class NolagDialect(Dialect):
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
+        # connection id -> its open session: what a fan-out looks its recipients up in
+        self.by_connection: dict[int, NolagSession] = {}
 
     async def key_store(self, call: Callable[[KeyStore], T]) -> T:
         """``call(store)`` in a worker thread, the store opened there on first use.
@@ -238,6 +242,9 @@ class NolagSession(DialectSession):
         self.authenticating = False
         self.bucket = TokenBucket(self.config.rate_limit_per_s, self.config.rate_limit_per_s, self.opened)
         self.subs: dict[str, _Subscription] = {}
+        # ``subs`` itself while a live message may be written at once (open, no replay in progress,
+        # nothing gated), else an empty dict: a fan-out's one test (kept by :meth:`_relive`).
+        self.live: dict[str, _Subscription] = self.subs
         self.rooms: dict[str, int] = {}  # rooms this connection is in through its subscriptions
         self.lobbies: set[str] = set()
         config = self.config
@@ -260,6 +267,11 @@ class NolagSession(DialectSession):
         self.waiting_bytes = 0
         self.last_checkpoint = 0.0
         self.checkpointed: tuple | None = None  # what the session shard was last told
+        dialect.by_connection[wire.id] = self
+
+    def _relive(self) -> None:
+        """After ``closed``, ``replaying`` or ``gated`` changed: whether live messages go straight out."""
+        self.live = self.subs if not self.closed and self.replaying is None and not self.gated else _NOT_LIVE
 
     # -- frames in ------------------------------------------------------------------------------
 
@@ -433,6 +445,7 @@ class NolagSession(DialectSession):
             resume = positions
             self.qos.carry(floors, positions)
         self.replaying = []
+        self._relive()
         pending = [len(subscriptions)]
         restored = sorted(subscriptions)
 
@@ -481,6 +494,7 @@ class NolagSession(DialectSession):
         self._send_replay(items)
         for item in held:
             self._deliver(item)
+        self._relive()
         if self.qos.acks_seen:
             self._replay_carried()
 
@@ -689,6 +703,7 @@ class NolagSession(DialectSession):
             window.recording.add(msg_id)
             self.to_record.append((msg_id, item.topic, item.ts_ms))
             self.gated.append(item)
+            self.live = _NOT_LIVE
             if not self.record_scheduled and not self.recording:
                 self.record_scheduled = True
                 asyncio.get_running_loop().call_soon(self._record)
@@ -707,18 +722,64 @@ class NolagSession(DialectSession):
         if meta is not None:
             self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
 
-    @staticmethod
-    def fan_out(payload: Any, connection_ids: tuple, gateway: Any) -> None:
-        """One event for several connections of this dialect (``Gateway._fan_out``), in one loop
-        over their ids: the QoS 0 and QoS 1 recipients get one of the message's two frames (without
-        and with ``requiresAck``; every other field is the message's), each built once, with one
-        accounting group per frame; a QoS 1 one is tracked in the recipient's window as
-        :meth:`_write` does. Any other (QoS 2, which is recorded first; a replay or a gated write in
-        progress; presence) goes through ``on_event``. A connection that is gone counts as
-        undeliverable on ``gateway``."""
+    def fan_out(self, payload: Any, connection_ids: tuple, gateway: Any) -> None:
+        """One event for several connections of this dialect (``Gateway._fan_out``, on the session
+        of one of them), in one loop over their ids. A message that nobody acks (QoS 0, or without
+        an id) is one frame for every recipient: those whose session is open, subscribed and not
+        replaying or gated (``live``) get it in the loop below; the others (gone, not subscribed,
+        another dialect's, a replay or a gated write in progress) go through :meth:`_fan_out_each`
+        after it. Anything else goes to :meth:`_fan_out_each` whole."""
         if type(payload) is not tuple:
             gateway.each_event(payload, connection_ids)
             return
+        topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
+        if qos != 0 and msg_id is not None:
+            NolagSession._fan_out_each(payload, connection_ids, gateway)
+            return
+        sessions = self.dialect.by_connection
+        frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
+        wire_frame = frame_header(_BINARY, len(frame)) + frame
+        others: list[int] | None = None  # not written here: the rest of the group
+        refused: list[int] | None = None  # live, but the socket did not take the frame
+        now = time.monotonic()
+        for connection_id in connection_ids:
+            session = sessions.get(connection_id)
+            if session is None or topic not in session.live:
+                if others is None:
+                    others = []
+                others.append(connection_id)
+                continue
+            session.last_sent = now
+            if session.wire.send_frame(wire_frame, _BINARY, frame):
+                # the topic's position (QosWindow.delivered, inlined: the hot path)
+                positions = session.positions
+                if ts_ms > positions.get(topic, 0):
+                    positions[topic] = ts_ms
+            else:
+                if refused is None:
+                    refused = []
+                refused.append(connection_id)
+        if meta is not None:
+            if others is None and refused is None:
+                gateway.account_fanout(meta, len(frame), connection_ids)
+            else:
+                skipped = set(others or ()).union(refused or ())
+                written = [connection_id for connection_id in connection_ids if connection_id not in skipped]
+                if written:
+                    gateway.account_fanout(meta, len(frame), written)
+                for connection_id in refused or ():
+                    gateway.account_delivery(meta, len(frame), connection_id, False)
+        if others is not None:
+            NolagSession._fan_out_each(payload, tuple(others), gateway)
+
+    @staticmethod
+    def _fan_out_each(payload: tuple, connection_ids: tuple, gateway: Any) -> None:
+        """A message for several connections, each checked in full: the QoS 0 and QoS 1 recipients
+        get one of the message's two frames (without and with ``requiresAck``; every other field is
+        the message's), each built once, with one accounting group per frame; a QoS 1 one is
+        tracked in the recipient's window as :meth:`_write` does. Any other (QoS 2, which is
+        recorded first; a replay or a gated write in progress) goes through ``on_event``. A
+        connection that is gone counts as undeliverable on ``gateway``."""
         connections = gateway.connections
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
         plain: bytes | None = None  # the frame without requiresAck
@@ -832,6 +893,7 @@ class NolagSession(DialectSession):
             else:
                 self._write(entry)
             gated.popleft()
+        self._relive()
 
     # -- presence and lobbies -------------------------------------------------------------------
 
@@ -930,6 +992,9 @@ class NolagSession(DialectSession):
         self.wire.close(code, reason)
 
     def released(self) -> None:
+        self.live = _NOT_LIVE
+        if self.dialect.by_connection.get(self.wire.id) is self:
+            del self.dialect.by_connection[self.wire.id]
         for task in self.tasks:
             task.cancel()
         if self.key is None:

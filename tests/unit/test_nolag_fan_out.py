@@ -12,7 +12,7 @@ from typing import Any
 import msgpack
 
 from gateways.nolag.config import NolagConfig
-from gateways.nolag.session import NolagDialect, NolagSession, _Subscription
+from gateways.nolag.session import NolagDialect, NolagSession, _Item, _Subscription
 from gateways.server import frame_header
 
 TOPIC = "app/room/chat"
@@ -33,14 +33,14 @@ class Gateway:
         self.undeliverable = 0
         self.fanouts: list[tuple[int, list[int]]] = []  # (frame size, connection ids)
         self.failed: list[int] = []
+        self.written: list[int] = []  # one at a time (a session's own write)
 
     def account_fanout(self, meta: tuple, nbytes: int, connection_ids: list[int]) -> None:
         assert meta is META
         self.fanouts.append((nbytes, list(connection_ids)))
 
     def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
-        assert not sent
-        self.failed.append(connection_id)
+        (self.written if sent else self.failed).append(connection_id)
 
 
 class Wire:
@@ -58,6 +58,9 @@ class Wire:
         if self.takes:
             self.frames.append(msgpack.unpackb(payload))
         return self.takes
+
+    def send_binary(self, payload: bytes) -> bool:
+        return self.send_frame(frame_header(0x2, len(payload)) + payload, 0x2, payload)
 
 
 def connect(gateway: Gateway, dialect: NolagDialect, qos: int | None, takes: bool = True) -> NolagSession:
@@ -83,15 +86,16 @@ def test_one_loop_over_the_ids_gives_each_recipient_its_frame_and_counts_the_con
     other = connect(gateway, dialect, None)  # unsubscribed since the topic shard grouped it
     replaying = connect(gateway, dialect, 1)
     replaying.replaying = []  # a reconnect's replay in progress: live messages wait behind it
+    replaying._relive()
     full = connect(gateway, dialect, 1, takes=False)
     closed = connect(gateway, dialect, 0)
-    closed.closed = True
+    closed.release()
     bare = Wire()  # a connection not (or no longer) bound to a session
     gateway.connections[bare.id] = bare
     gone = 10_000  # closed and forgotten
     ids = tuple(s.wire.id for s in (plain, acking, other, replaying, full, closed)) + (bare.id, gone)
 
-    NolagSession.fan_out(message("m1", 1, 1_000), ids, gateway)
+    plain.fan_out(message("m1", 1, 1_000), ids, gateway)
 
     assert plain.wire.frames == [{"type": "message", "topic": TOPIC, "data": {"n": 1_000}, "msgId": "m1",
                                   "timestamp": 1_000}]
@@ -115,7 +119,7 @@ def test_one_loop_over_the_ids_gives_each_recipient_its_frame_and_counts_the_con
     assert gateway.undeliverable == 2
 
     # the same message again: out and waiting for its ack, so not written twice
-    NolagSession.fan_out(message("m1", 1, 1_000), (acking.wire.id,), gateway)
+    plain.fan_out(message("m1", 1, 1_000), (acking.wire.id,), gateway)
     assert len(acking.wire.frames) == 1
 
 
@@ -127,9 +131,10 @@ def test_a_qos0_message_or_one_without_id_is_plain_for_everyone_and_qos2_waits_f
     full = connect(gateway, dialect, 0, takes=False)
     gated = connect(gateway, dialect, 1)
     gated.gated.append(b"a frame behind a QoS 2 message being recorded")
+    gated._relive()
 
-    NolagSession.fan_out(message(None, 0, 5), ids + (full.wire.id, gated.wire.id), gateway)
-    NolagSession.fan_out(message(None, 2, 6), ids, gateway)  # not logged: no id, nothing to ack
+    sessions[0].fan_out(message(None, 0, 5), ids + (full.wire.id, gated.wire.id), gateway)
+    sessions[0].fan_out(message(None, 2, 6), ids, gateway)  # not logged: no id, nothing to ack
     for session in sessions:
         assert [f.get("requiresAck", False) for f in session.wire.frames] == [False, False]
         assert session.qos.unacked == {} and session.qos.positions == {TOPIC: 6}
@@ -141,10 +146,79 @@ def test_a_qos0_message_or_one_without_id_is_plain_for_everyone_and_qos2_waits_f
     for session in sessions:
         session.wire.frames.clear()
     sessions[2].recording = True  # a record out already: this one queues behind it, gated
-    NolagSession.fan_out(message("q2", 2, 7), ids, gateway)
+    sessions[0].fan_out(message("q2", 2, 7), ids, gateway)
     assert [f.get("requiresAck", False) for f in sessions[0].wire.frames] == [False]
     assert [f.get("requiresAck", False) for f in sessions[1].wire.frames] == [True]
     assert sessions[2].wire.frames == []  # QoS 2: recorded with its session shard before its write
     assert [item.msg_id for item in sessions[2].gated] == ["q2"]
     assert sessions[2].to_record == [("q2", TOPIC, 7)]
     assert [ids_ for _, ids_ in gateway.fanouts] == [[sessions[0].wire.id], [sessions[1].wire.id]]
+
+
+def test_a_message_nobody_acks_goes_straight_to_the_live_sessions_and_the_rest_are_checked_in_full():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    plain, acking = connect(gateway, dialect, 0), connect(gateway, dialect, 1)
+    other = connect(gateway, dialect, None)
+    replaying = connect(gateway, dialect, 0)
+    replaying.replaying = []
+    replaying._relive()
+    gated = connect(gateway, dialect, 0)
+    gated.gated.append(b"a frame behind a QoS 2 message being recorded")
+    gated._relive()
+    full = connect(gateway, dialect, 0, takes=False)
+    closed = connect(gateway, dialect, 0)
+    closed.release()
+    bare = Wire()
+    gateway.connections[bare.id] = bare
+    ids = tuple(s.wire.id for s in (plain, other, replaying, full, acking, gated, closed)) + (bare.id, 10_000)
+
+    plain.fan_out(message(None, 0, 40), ids, gateway)
+
+    expected = {"type": "message", "topic": TOPIC, "data": {"n": 40}, "timestamp": 40}
+    assert plain.wire.frames == [expected] and acking.wire.frames == [expected]
+    assert plain.qos.positions == acking.qos.positions == {TOPIC: 40}
+    assert other.wire.frames == full.wire.frames == closed.wire.frames == []
+    assert full.qos.positions == {} and full.qos.unacked == {}
+    assert [item.ts_ms for item in replaying.replaying] == [40] and replaying.wire.frames == []
+    assert [getattr(entry, "ts_ms", None) for entry in gated.gated] == [None, 40] and gated.wire.frames == []
+    # the live ones in one group, in the group's order; the refused one apart; bare and gone undeliverable
+    assert gateway.fanouts == [(len(msgpack.packb(expected)), [plain.wire.id, acking.wire.id])]
+    assert gateway.failed == [full.wire.id]
+    assert gateway.undeliverable == 2
+
+
+def test_live_follows_a_gated_write_a_replay_and_the_close_and_keeps_their_order():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    session = connect(gateway, dialect, 2)
+    ids = (session.wire.id,)
+    assert session.live is session.subs and dialect.by_connection[session.wire.id] is session
+
+    # a QoS 2 message waits for its record, and a plain one behind it waits too
+    session.recording = True  # a record is out already: this one queues behind it
+    session._deliver(_Item(TOPIC, msgpack.packb({"n": 1}), "q1", 2, None, 1, META, False))
+    assert session.live == {} and session.live is not session.subs
+    session.fan_out(message(None, 0, 2), ids, gateway)
+    assert session.wire.frames == []
+    session.qos.recording.clear()  # recorded
+    session._release()
+    assert [frame["timestamp"] for frame in session.wire.frames] == [1, 2]
+    assert session.live is session.subs
+    session.fan_out(message(None, 0, 3), ids, gateway)
+    assert [frame["timestamp"] for frame in session.wire.frames] == [1, 2, 3]
+
+    # a replay holds live messages until it has been sent
+    session.replaying = []
+    session._relive()
+    session.fan_out(message(None, 0, 4), ids, gateway)
+    assert len(session.wire.frames) == 3
+    session._end_replay([])
+    assert [frame["timestamp"] for frame in session.wire.frames] == [1, 2, 3, 4]
+    assert session.live is session.subs and session.qos.positions == {TOPIC: 4}
+
+    # closed: nothing more, and the dialect forgets it
+    session.release()
+    assert session.live == {} and session.wire.id not in dialect.by_connection
+    session.fan_out(message(None, 0, 5), ids, gateway)
+    assert len(session.wire.frames) == 4
