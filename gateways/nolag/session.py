@@ -207,12 +207,15 @@ class NolagDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then")
+    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position")
 
     def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
         self.topic, self.qos, self.filters, self.load_balance, self.group = topic, qos, filters, load_balance, group
         self.pending = False  # a subscribe request the topic shard has not answered yet
         self.then: Callable[[], None] | None = None  # a reply that must follow its answer
+        # The shard timestamp of the last message the fan-out's live loop wrote on it (0: none); the
+        # window's positions take it up in NolagSession.positions_now.
+        self.position = 0
 
     def record(self) -> SubscriptionRecord:
         return SubscriptionRecord(self.qos, self.filters, self.load_balance, self.group)
@@ -250,7 +253,7 @@ class NolagSession(DialectSession):
         config = self.config
         # unacked QoS 1/2 frames, the QoS 2 ids written, the positions a reconnect replays from
         self.qos = QosWindow(config.ack_timeout_s, config.ack_backoff, config.max_attempts, config.max_unacked)
-        self.positions = self.qos.positions  # the window's, read by every fan-out without the window
+        self.positions = self.qos.positions  # the window's, read by a fan-out without the window
         self.replaying: list | None = None  # live deliveries held while a replay is sent
         self.carrying = False  # replaying what an earlier connection left unacked (once this one acks)
         # Behind a QoS 2 message until its session shard has recorded it: that message, and every
@@ -268,6 +271,15 @@ class NolagSession(DialectSession):
         self.last_checkpoint = 0.0
         self.checkpointed: tuple | None = None  # what the session shard was last told
         dialect.by_connection[wire.id] = self
+
+    def positions_now(self) -> dict[str, int]:
+        """The window's positions, with what the fan-out's live loop wrote on each subscription
+        since (kept there, not in the window: the hot path). Read before the positions are."""
+        positions = self.positions
+        for topic, sub in self.subs.items():
+            if sub.position > positions.get(topic, 0):
+                positions[topic] = sub.position
+        return positions
 
     def _relive(self) -> None:
         """After ``closed``, ``replaying`` or ``gated`` changed: whether live messages go straight out."""
@@ -576,6 +588,7 @@ class NolagSession(DialectSession):
                 # Unsubscribed (or subscribed again) before this answer: the later request decided
                 # the position and what the session shard keeps; this one only gets its reply.
                 if self.subs.get(topic) is sub:
+                    self.positions_now()
                     position = self.qos.joined(topic, result)  # the topic's last message when we joined
                     self.checkpointed = None
                     self._ask_session(nolag.actor_save(self.actor, topic, sub.record(), position), None)
@@ -590,7 +603,10 @@ class NolagSession(DialectSession):
 
     def _add_subscription(self, sub: _Subscription, done: Any) -> None:
         topic = sub.topic
-        fresh = topic not in self.subs
+        old = self.subs.get(topic)
+        fresh = old is None
+        if old is not None:
+            sub.position = old.position
         self.subs[topic] = sub
         key = topic_key(self.project, topic)
         self._ask(key, nolag.subscribe(key, self.wire.id, self.actor, sub.filters, sub.qos, sub.group), done,
@@ -744,17 +760,16 @@ class NolagSession(DialectSession):
         now = time.monotonic()
         for connection_id in connection_ids:
             session = sessions.get(connection_id)
-            if session is None or topic not in session.live:
+            sub = None if session is None else session.live.get(topic)
+            if sub is None:
                 if others is None:
                     others = []
                 others.append(connection_id)
                 continue
             session.last_sent = now
             if session.wire.send_frame(wire_frame, _BINARY, frame):
-                # the topic's position (QosWindow.delivered, inlined: the hot path)
-                positions = session.positions
-                if ts_ms > positions.get(topic, 0):
-                    positions[topic] = ts_ms
+                if ts_ms > sub.position:  # the topic's position (see positions_now)
+                    sub.position = ts_ms
             else:
                 if refused is None:
                     refused = []
@@ -972,6 +987,7 @@ class NolagSession(DialectSession):
     def _checkpoint(self) -> None:
         """Tell the actor's session shard where to replay from (when that changed)."""
         self.last_checkpoint = time.monotonic()
+        self.positions_now()
         state = (self.qos.resume(), self.qos.floors(), self.qos.acks_seen)
         if state == self.checkpointed:
             return
@@ -1009,6 +1025,7 @@ class NolagSession(DialectSession):
                           and self.qos.needs_record(entry.msg_id, entry.qos))
         if unwritten:
             self._ask_session(nolag.actor_unseen(self.actor, unwritten), None)
+        self.positions_now()
         self._ask_session(nolag.actor_checkpoint(self.actor, self.qos.resume(), self.qos.floors(),
                                                  self.qos.acks_seen), None)
 
@@ -1018,6 +1035,7 @@ class NolagSession(DialectSession):
         each (the shard delivers what its log holds after it), presence comes back quietly."""
         if self.key is None:
             return
+        self.positions_now()
         shards, project, connection_id = self.shards, self.project, self.wire.id
         if shards.link(SESSION, actor_key(self.actor)) is link:
             for topic, sub in self.subs.items():

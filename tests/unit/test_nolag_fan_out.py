@@ -137,9 +137,9 @@ def test_a_qos0_message_or_one_without_id_is_plain_for_everyone_and_qos2_waits_f
     sessions[0].fan_out(message(None, 2, 6), ids, gateway)  # not logged: no id, nothing to ack
     for session in sessions:
         assert [f.get("requiresAck", False) for f in session.wire.frames] == [False, False]
-        assert session.qos.unacked == {} and session.qos.positions == {TOPIC: 6}
+        assert session.qos.unacked == {} and session.positions_now() == {TOPIC: 6}
     assert [size for size, _ in gateway.fanouts] == [gateway.fanouts[0][0]] * 2
-    assert gateway.failed == [full.wire.id] and full.qos.positions == {}  # refused: not written
+    assert gateway.failed == [full.wire.id] and full.positions_now() == {}  # refused: not written
     assert gated.wire.frames == [] and [getattr(i, "ts_ms", None) for i in gated.gated] == [None, 5]
 
     gateway.fanouts.clear()
@@ -177,9 +177,9 @@ def test_a_message_nobody_acks_goes_straight_to_the_live_sessions_and_the_rest_a
 
     expected = {"type": "message", "topic": TOPIC, "data": {"n": 40}, "timestamp": 40}
     assert plain.wire.frames == [expected] and acking.wire.frames == [expected]
-    assert plain.qos.positions == acking.qos.positions == {TOPIC: 40}
+    assert plain.positions_now() == acking.positions_now() == {TOPIC: 40}
     assert other.wire.frames == full.wire.frames == closed.wire.frames == []
-    assert full.qos.positions == {} and full.qos.unacked == {}
+    assert full.positions_now() == {} and full.qos.unacked == {}
     assert [item.ts_ms for item in replaying.replaying] == [40] and replaying.wire.frames == []
     assert [getattr(entry, "ts_ms", None) for entry in gated.gated] == [None, 40] and gated.wire.frames == []
     # the live ones in one group, in the group's order; the refused one apart; bare and gone undeliverable
@@ -215,10 +215,31 @@ def test_live_follows_a_gated_write_a_replay_and_the_close_and_keeps_their_order
     assert len(session.wire.frames) == 3
     session._end_replay([])
     assert [frame["timestamp"] for frame in session.wire.frames] == [1, 2, 3, 4]
-    assert session.live is session.subs and session.qos.positions == {TOPIC: 4}
+    assert session.live is session.subs and session.positions_now() == {TOPIC: 4}
 
     # closed: nothing more, and the dialect forgets it
     session.release()
     assert session.live == {} and session.wire.id not in dialect.by_connection
     session.fan_out(message(None, 0, 5), ids, gateway)
     assert len(session.wire.frames) == 4
+
+
+def test_the_live_loops_positions_reach_the_checkpoint_and_outlive_a_new_subscription_to_the_topic():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    session = connect(gateway, dialect, 0)
+    told: list[tuple] = []
+    session._ask_session = lambda command, on_result: told.append(command)
+    session._ask = lambda *args, **kwargs: None  # nothing reaches a shard
+
+    session.fan_out(message(None, 0, 40), (session.wire.id,), gateway)
+    session.fan_out(message(None, 0, 41), (session.wire.id,), gateway)
+    session._checkpoint()
+    assert told[-1][2:] == ({TOPIC: 41}, {TOPIC: 41}, False)  # (resume, floors, acks)
+
+    # subscribed again (another QoS): the new subscription starts where the old one was
+    session.fan_out(message(None, 0, 42), (session.wire.id,), gateway)
+    session._add_subscription(_Subscription(TOPIC, 1, (), False, None), None)
+    assert session.subs[TOPIC].position == 42
+    session.fan_out(message(None, 0, 39), (session.wire.id,), gateway)  # never moves back
+    assert session.positions_now() == {TOPIC: 42}
