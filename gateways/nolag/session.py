@@ -207,7 +207,7 @@ class NolagDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position")
+    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position", "may_publish")
 
     def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
         self.topic, self.qos, self.filters, self.load_balance, self.group = topic, qos, filters, load_balance, group
@@ -216,6 +216,7 @@ class _Subscription:
         # The shard timestamp of the last message the fan-out's live loop wrote on it (0: none); the
         # window's positions take it up in NolagSession.positions_now.
         self.position = 0
+        self.may_publish = False  # the key's publish patterns were seen to allow the topic (the key never changes)
 
     def record(self) -> SubscriptionRecord:
         return SubscriptionRecord(self.qos, self.filters, self.load_balance, self.group)
@@ -671,10 +672,13 @@ class NolagSession(DialectSession):
         if not self.dialect.take_quota(self.key):
             raise NolagError("monthly_quota_exceeded", 42920, "the key's monthly message quota is used up",
                              topic, ref)
-        if not self.key.can_publish(topic):
-            raise codec.nolag_error("not_authorized", f"the key may not publish to {topic}", topic, ref)
-        if topic not in self.subs:
-            raise codec.nolag_error("not_subscribed", f"subscribe to {topic} before publishing to it", topic, ref)
+        sub = self.subs.get(topic)
+        if sub is None or not sub.may_publish:
+            if not self.key.can_publish(topic):
+                raise codec.nolag_error("not_authorized", f"the key may not publish to {topic}", topic, ref)
+            if sub is None:
+                raise codec.nolag_error("not_subscribed", f"subscribe to {topic} before publishing to it", topic, ref)
+            sub.may_publish = True
         stored = request.qos >= 1 and self.config.log_retention_s > 0
         msg_id = uuid4() if stored else None
         key = topic_key(self.project, topic)
