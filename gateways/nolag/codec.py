@@ -174,8 +174,9 @@ Request = (Auth | Subscribe | Unsubscribe | Publish | SetFilters | Presence | Ge
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     fields = _read_map(data)
     kind = fields.get("type")
-    # A publish's data travels packed (bytes); everything else travels to shards as decoded values.
-    if kind != "publish" and too_deep(fields):
+    # A publish's data travels packed (bytes); an ack's and a batchAck's decoders keep only their
+    # ids, strings they check; everything else travels to shards as decoded values.
+    if kind not in _KEEPS_NOTHING_NESTED and too_deep(fields):
         raise nolag_error("invalid_message", f"a message may nest at most {MAX_NESTING} levels")
     if kind is None:
         raise nolag_error("invalid_message", "missing 'type'")
@@ -365,6 +366,7 @@ _DECODERS = {  # publish is decoded apart (it also packs its data)
     "lobbyUnsubscribe": _lobby_unsubscribe,
     "getLobbyPresence": _get_lobby_presence,
 }
+_KEEPS_NOTHING_NESTED = frozenset({"publish", "ack", "batchAck"})
 REQUEST_TYPES = ("auth", "subscribe", "unsubscribe", "publish", "setFilters", "presence", "getPresence", "ack",
                  "batchAck", "lobbySubscribe", "lobbyUnsubscribe", "getLobbyPresence")
 

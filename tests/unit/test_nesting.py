@@ -77,3 +77,14 @@ def test_nolag_refuses_a_message_nested_too_deep():
     with pytest.raises(nolag.NolagError) as raised:
         nolag.decode(msgpack.packb(message))
     assert (raised.value.error, raised.value.message) == ("invalid_message", "a message may nest at most 32 levels")
+
+
+def test_nolag_acks_keep_only_their_ids_so_their_nesting_is_not_walked():
+    deep = {"x": nested(40)}
+    batch = nolag.decode(msgpack.packb({"type": "batchAck", "msgIds": ["a", "b"], "extra": deep}))
+    assert batch == nolag.BatchAck(("a", "b"))
+    assert nolag.decode(msgpack.packb({"type": "ack", "msgId": "a", "extra": deep})) == nolag.Ack("a")
+    with pytest.raises(nolag.NolagError):  # an id must be a string: nothing nested gets through
+        nolag.decode(msgpack.packb({"type": "batchAck", "msgIds": ["a", nested(40)]}))
+    with pytest.raises(nolag.NolagError):
+        nolag.decode(msgpack.packb({"type": "subscribe", "topic": "app/room/t", "extra": deep}))
