@@ -748,13 +748,13 @@ class NolagSession(DialectSession):
         an id) is one frame for every recipient: those whose session is open, subscribed and not
         replaying or gated (``live``) get it in the loop below; the others (gone, not subscribed,
         another dialect's, a replay or a gated write in progress) go through :meth:`_fan_out_each`
-        after it. Anything else goes to :meth:`_fan_out_each` whole."""
+        after it. One to be acked goes to :meth:`_fan_out_acked`."""
         if type(payload) is not tuple:
             gateway.each_event(payload, connection_ids)
             return
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
         if qos != 0 and msg_id is not None:
-            NolagSession._fan_out_each(payload, connection_ids, gateway)
+            self._fan_out_acked(payload, connection_ids, gateway)
             return
         sessions = self.dialect.by_connection
         frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
@@ -778,16 +778,75 @@ class NolagSession(DialectSession):
                 if refused is None:
                     refused = []
                 refused.append(connection_id)
-        if meta is not None:
-            if others is None and refused is None:
-                gateway.account_fanout(meta, len(frame), connection_ids)
+        NolagSession._fan_out_rest(payload, connection_ids, gateway, len(frame), others, refused, None)
+
+    def _fan_out_acked(self, payload: tuple, connection_ids: tuple, gateway: Any) -> None:
+        """A message to be acked (QoS 1 or 2, with an id), in one loop over the group: a live
+        session that acks it at QoS 1 gets the frame with ``requiresAck`` (built once) and tracks it
+        in its window, every such window sharing one entry, unless it is out there already; the
+        rest (a QoS 0 subscription, QoS 2 on both sides, not live) go through :meth:`_fan_out_each`
+        after it."""
+        topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
+        sessions = self.dialect.by_connection
+        frame = codec.message_packed(topic, packed, msg_id, True, False, filter_, None, ts_ms)
+        wire_frame = frame_header(_BINARY, len(frame)) + frame
+        now = time.monotonic()
+        # The recipients whose socket takes the frame share one window entry (level 1 here; every
+        # window of a gateway has its ack timeout).
+        entry = Unacked(frame, ts_ms, 1, now + self.qos.ack_timeout_s, 1, topic)
+        due = entry.due
+        others: list[int] | None = None
+        refused: list[int] | None = None
+        out: list[int] | None = None  # out already, waiting for its ack: not written again
+        for connection_id in connection_ids:
+            session = sessions.get(connection_id)
+            sub = None if session is None else session.live.get(topic)
+            if sub is None or sub.qos == 0 or (qos == 2 and sub.qos == 2):
+                if others is None:
+                    others = []
+                others.append(connection_id)
+                continue
+            window = session.qos
+            unacked = window.unacked
+            if msg_id in unacked:  # QosWindow.deliverable
+                if out is None:
+                    out = []
+                out.append(connection_id)
+                continue
+            session.last_sent = now
+            if session.wire.send_frame(wire_frame, _BINARY, frame):
+                if ts_ms > sub.position:  # the topic's position (see positions_now)
+                    sub.position = ts_ms
+                if len(unacked) < window.max_unacked:  # QosWindow.track, inlined: the hot path
+                    unacked[msg_id] = entry
+                    if due < window.next_due:
+                        window.next_due = due
+                else:
+                    window.track(msg_id, entry)  # the oldest leaves the window
             else:
-                skipped = set(others or ()).union(refused or ())
+                window.delivered(topic, msg_id, 1, ts_ms, frame, False, now)
+                if refused is None:
+                    refused = []
+                refused.append(connection_id)
+        NolagSession._fan_out_rest(payload, connection_ids, gateway, len(frame), others, refused, out)
+
+    @staticmethod
+    def _fan_out_rest(payload: tuple, connection_ids: tuple, gateway: Any, nbytes: int, others: list[int] | None,
+                      refused: list[int] | None, out: list[int] | None) -> None:
+        """After a live loop: the recipients written (all of the group but ``others``, ``refused``
+        and ``out``) as one accounting group of ``nbytes``, each refused one apart; then
+        ``others`` through :meth:`_fan_out_each`."""
+        meta = payload[-1]
+        if meta is not None:
+            if others is None and refused is None and out is None:
+                gateway.account_fanout(meta, nbytes, connection_ids)
+            else:
+                skipped = set(others or ()).union(refused or (), out or ())
                 written = [connection_id for connection_id in connection_ids if connection_id not in skipped]
                 if written:
-                    gateway.account_fanout(meta, len(frame), written)
+                    gateway.account_fanout(meta, nbytes, written)
                 for connection_id in refused or ():
-                    gateway.account_delivery(meta, len(frame), connection_id, False)
+                    gateway.account_delivery(meta, nbytes, connection_id, False)
         if others is not None:
             NolagSession._fan_out_each(payload, tuple(others), gateway)
 

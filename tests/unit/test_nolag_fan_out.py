@@ -104,8 +104,8 @@ def test_one_loop_over_the_ids_gives_each_recipient_its_frame_and_counts_the_con
     assert other.wire.frames == [] and closed.wire.frames == [] and full.wire.frames == []
     assert [item.msg_id for item in replaying.replaying] == ["m1"] and replaying.wire.frames == []
     # positions: where a reconnect replays from
-    assert plain.qos.positions == {TOPIC: 1_000} and acking.qos.positions == {TOPIC: 1_000}
-    assert full.qos.positions == {}
+    assert plain.positions_now() == {TOPIC: 1_000} and acking.positions_now() == {TOPIC: 1_000}
+    assert full.positions_now() == {}
     # the QoS 1 recipients wait for the ack; the one whose socket did not take it is written later
     assert list(acking.qos.unacked) == ["m1"] and acking.qos.unacked["m1"].attempts == 1
     assert list(full.qos.unacked) == ["m1"] and full.qos.unacked["m1"].attempts == 0
@@ -114,7 +114,7 @@ def test_one_loop_over_the_ids_gives_each_recipient_its_frame_and_counts_the_con
     # one accounting group per frame; the refused write apart; the two gone as undeliverable
     plain_size = len(msgpack.packb(plain.wire.frames[0]))
     acked_size = len(msgpack.packb(acking.wire.frames[0]))
-    assert gateway.fanouts == [(plain_size, [plain.wire.id]), (acked_size, [acking.wire.id])]
+    assert sorted(gateway.fanouts) == sorted([(plain_size, [plain.wire.id]), (acked_size, [acking.wire.id])])
     assert gateway.failed == [full.wire.id]
     assert gateway.undeliverable == 2
 
@@ -152,7 +152,8 @@ def test_a_qos0_message_or_one_without_id_is_plain_for_everyone_and_qos2_waits_f
     assert sessions[2].wire.frames == []  # QoS 2: recorded with its session shard before its write
     assert [item.msg_id for item in sessions[2].gated] == ["q2"]
     assert sessions[2].to_record == [("q2", TOPIC, 7)]
-    assert [ids_ for _, ids_ in gateway.fanouts] == [[sessions[0].wire.id], [sessions[1].wire.id]]
+    # the live loop writes the QoS 1 recipients first; the QoS 0 one is written after it
+    assert [ids_ for _, ids_ in gateway.fanouts] == [[sessions[1].wire.id], [sessions[0].wire.id]]
 
 
 def test_a_message_nobody_acks_goes_straight_to_the_live_sessions_and_the_rest_are_checked_in_full():
@@ -243,3 +244,24 @@ def test_the_live_loops_positions_reach_the_checkpoint_and_outlive_a_new_subscri
     assert session.subs[TOPIC].position == 42
     session.fan_out(message(None, 0, 39), (session.wire.id,), gateway)  # never moves back
     assert session.positions_now() == {TOPIC: 42}
+
+
+def test_the_acked_live_loop_tracks_as_the_window_does_and_a_full_window_lets_its_oldest_go():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(max_unacked=2, ack_timeout_s=5))
+    first, second = connect(gateway, dialect, 1), connect(gateway, dialect, 2)  # QoS 1 messages: acked at 1
+    ids = (first.wire.id, second.wire.id)
+
+    first.fan_out(message("m1", 1, 10), ids, gateway)
+    entry = first.qos.unacked["m1"]
+    assert second.qos.unacked["m1"] is entry  # one entry for every window that took the frame
+    assert (entry.attempts, entry.qos, entry.ts_ms, entry.topic) == (1, 1, 10, TOPIC)
+    assert first.qos.next_due == second.qos.next_due == entry.due
+    first.fan_out(message("m2", 1, 11), ids, gateway)
+    first.fan_out(message("m3", 1, 12), ids, gateway)
+    for session in (first, second):
+        assert list(session.qos.unacked) == ["m2", "m3"]  # at most max_unacked: m1 left, pinned
+        assert session.qos.pinned == {TOPIC: 9}
+        assert session.positions_now() == {TOPIC: 12}
+        assert [frame["msgId"] for frame in session.wire.frames] == ["m1", "m2", "m3"]
+    assert [ids_ for _, ids_ in gateway.fanouts] == [list(ids)] * 3
