@@ -323,6 +323,11 @@ class Gateway:
     # -- deliveries from shards -----------------------------------------------------------
 
     def deliver(self, bundle: tuple) -> None:
+        """A shard's deliveries. What this turn corked before them (the answers of the same reply,
+        e.g. a publish's ack) is written first: its sender can send again while the fan-out is
+        written, instead of after it."""
+        if self._corked:
+            self._uncork_all()
         self.sequencer.accept(bundle)
 
     def unroutable(self, meta: tuple, nbytes: int, reason: str) -> None:

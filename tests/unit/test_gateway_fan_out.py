@@ -61,3 +61,24 @@ def test_a_group_whose_connections_are_all_gone_is_counted_once_each():
     gw = gateway({1: None})
     gw._apply([(DELIVER_EVENT, "event", (7, 8, 1), None)])
     assert gw.undeliverable == 3
+
+
+def test_what_a_turn_corked_before_a_shards_deliveries_is_written_before_they_are_applied():
+    """The answers a shard's reply carries (a publish's ack) leave before the deliveries behind
+    them: the sender can send again while the gateway writes the fan-out."""
+    log: list[str] = []
+
+    class Corked:
+        def flush(self) -> None:
+            log.append("flush")
+
+    class Sequencer:
+        def accept(self, bundle: Any) -> None:
+            log.append(f"apply {bundle}")
+
+    gw = Gateway.__new__(Gateway)
+    gw._corked, gw.sequencer = [Corked(), Corked()], Sequencer()
+    gw.deliver("b1")
+    assert log == ["flush", "flush", "apply b1"] and gw._corked == []
+    gw.deliver("b2")  # nothing corked: nothing to write first
+    assert log[3:] == ["apply b2"]
