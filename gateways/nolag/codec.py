@@ -176,7 +176,7 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     kind = fields.get("type")
     # A publish's data travels packed (bytes); an ack's and a batchAck's decoders keep only their
     # ids, strings they check; everything else travels to shards as decoded values.
-    if kind not in _KEEPS_NOTHING_NESTED and too_deep(fields):
+    if not (type(kind) is str and kind in _KEEPS_NOTHING_NESTED) and too_deep(fields):
         raise nolag_error("invalid_message", f"a message may nest at most {MAX_NESTING} levels")
     if kind is None:
         raise nolag_error("invalid_message", "missing 'type'")
@@ -333,6 +333,7 @@ def _batch_ack(fields: dict, limits: Limits) -> BatchAck:
     # The common case checked at C speed, two passes (joining them takes only strs; then the set of
     # their lengths); the loop finds the first one that is not a str of 1 to max_id_length characters,
     # for the error.
+    fine = True
     if ids:
         try:
             "".join(ids)
@@ -340,7 +341,7 @@ def _batch_ack(fields: dict, limits: Limits) -> BatchAck:
             fine = min(lengths) > 0 and max(lengths) <= limits.max_id_length
         except TypeError:
             fine = False
-    if ids and not fine:
+    if not fine:
         for position, value in enumerate(ids):
             if not isinstance(value, str) or not value or len(value) > limits.max_id_length:
                 raise nolag_error("invalid_message",

@@ -88,3 +88,10 @@ def test_nolag_acks_keep_only_their_ids_so_their_nesting_is_not_walked():
         nolag.decode(msgpack.packb({"type": "batchAck", "msgIds": ["a", nested(40)]}))
     with pytest.raises(nolag.NolagError):
         nolag.decode(msgpack.packb({"type": "subscribe", "topic": "app/room/t", "extra": deep}))
+
+
+def test_nolag_a_type_that_is_not_a_string_is_its_own_error_whatever_it_holds():
+    for kind in ([], {}, [nested(40)], {"a": 1}):
+        with pytest.raises(nolag.NolagError) as raised:
+            nolag.decode(msgpack.packb({"type": kind}))
+        assert raised.value.error == "invalid_message"
