@@ -75,6 +75,7 @@ class Gateway:
             max_pending=tuning.max_pending_commands,
         )
         self.shards.on_restart = self._shard_restarted
+        self.shards.writes = self
         self.sequencer = DeliverySequencer(self._apply, tuning.reorder_timeout_s, loop,
                                            tuning.max_deliveries_per_turn, self.shards.pause_lanes)
         analytics = settings.analytics
@@ -323,12 +324,25 @@ class Gateway:
     # -- deliveries from shards -----------------------------------------------------------
 
     def deliver(self, bundle: tuple) -> None:
-        """A shard's deliveries. What this turn corked before them (the answers of the same reply,
-        e.g. a publish's ack) is written first: its sender can send again while the fan-out is
-        written, instead of after it."""
-        if self._corked:
-            self._uncork_all()
         self.sequencer.accept(bundle)
+
+    def corked_count(self) -> int:
+        """How many connections hold frames for the end of this turn (a mark for :meth:`write_since`)."""
+        return len(self._corked)
+
+    def write_since(self, mark: int) -> None:
+        """Write now what the connections corked since ``mark`` hold: the answers of a shard reply
+        (e.g. a publish's ack), before the reply's deliveries are applied, so their senders can send
+        again while the fan-out is written instead of after it (``ShardClient._drain``). The
+        connections corked before (deliveries of earlier replies of this turn) keep theirs for the
+        turn's one write."""
+        corked = self._corked
+        for connection in corked[mark:]:
+            try:
+                connection.flush()
+            except Exception:
+                logger.exception("connection %s: write failed", connection.id)
+        del corked[mark:]
 
     def unroutable(self, meta: tuple, nbytes: int, reason: str) -> None:
         """An accepted message that could not be routed at all (e.g. its target is unknown)."""

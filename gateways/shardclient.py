@@ -135,6 +135,9 @@ class ShardClient:
         self.lanes_paused = False  # pause_lanes: too many deliveries wait in the gateway
         self.lane_pauses = 0
         self.on_batch: Callable[[int], None] | None = None  # observes each batch's size
+        # The gateway's corked writes (``corked_count()``, ``write_since(mark)``): a reply's answers
+        # are written before its deliveries are applied.
+        self.writes: Any = None
         self.pending = 0  # commands not yet answered
         self.backlogged = False
         self.batches_sent = 0
@@ -355,6 +358,8 @@ class ShardClient:
                 self._answer(batch.waiting(), results)
             else:
                 self.pending -= batch.size - batch.expired
+                writes = self.writes if batch.bundle is not None else None
+                mark = writes.corked_count() if writes is not None else 0
                 retry = None
                 for index, (callback, result) in enumerate(zip(batch.callbacks, results)):
                     if result is not None and result.__class__ is CommandError and result.code == contract.HEALING:
@@ -368,6 +373,8 @@ class ShardClient:
                             logger.exception("result callback failed")
                 if retry:
                     self._retry(link, batch, retry)
+                if writes is not None:
+                    writes.write_since(mark)
             if batch.bundle is not None:
                 self.on_bundle(batch.bundle)
         self._check_backlog()

@@ -63,22 +63,24 @@ def test_a_group_whose_connections_are_all_gone_is_counted_once_each():
     assert gw.undeliverable == 3
 
 
-def test_what_a_turn_corked_before_a_shards_deliveries_is_written_before_they_are_applied():
-    """The answers a shard's reply carries (a publish's ack) leave before the deliveries behind
-    them: the sender can send again while the gateway writes the fan-out."""
-    log: list[str] = []
+def test_write_since_writes_only_the_connections_corked_after_the_mark():
+    """A shard reply's answers leave before its deliveries are applied; what earlier replies of
+    the turn corked keeps its place for the turn's one write."""
+    written: list[str] = []
 
     class Corked:
-        def flush(self) -> None:
-            log.append("flush")
+        def __init__(self, name: str) -> None:
+            self.name, self.id = name, name
 
-    class Sequencer:
-        def accept(self, bundle: Any) -> None:
-            log.append(f"apply {bundle}")
+        def flush(self) -> None:
+            written.append(self.name)
 
     gw = Gateway.__new__(Gateway)
-    gw._corked, gw.sequencer = [Corked(), Corked()], Sequencer()
-    gw.deliver("b1")
-    assert log == ["flush", "flush", "apply b1"] and gw._corked == []
-    gw.deliver("b2")  # nothing corked: nothing to write first
-    assert log[3:] == ["apply b2"]
+    earlier, answered, other = Corked("earlier"), Corked("answered"), Corked("other")
+    gw._corked = [earlier]
+    mark = gw.corked_count()
+    gw._corked += [answered, other]  # corked by the reply's answers
+    gw.write_since(mark)
+    assert written == ["answered", "other"] and gw._corked == [earlier]
+    gw.write_since(gw.corked_count())  # nothing corked since: nothing written
+    assert written == ["answered", "other"]

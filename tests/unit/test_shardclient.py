@@ -467,3 +467,49 @@ def test_a_hold_that_began_after_the_epoch_was_asked_asks_again():
         client.close()
 
     asyncio.run(scenario())
+
+
+def test_a_replys_answers_are_written_before_its_deliveries_are_applied():
+    """``writes`` (the gateway): marked before a batch's callbacks, written since the mark after
+    them and before its bundle goes to ``on_bundle``; a reply without deliveries waits for the
+    turn's write."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        handle, log = _Handle(), []
+
+        class Writes:
+            corked = ["earlier"]
+
+            def corked_count(self):
+                log.append(("mark", len(self.corked)))
+                return len(self.corked)
+
+            def write_since(self, mark):
+                log.append(("write", self.corked[mark:]))
+                del self.corked[mark:]
+
+        writes = Writes()
+        client = ShardClient("gw-1", {"topic": [("topic-shard-0", handle)]}, loop,
+                             on_bundle=lambda bundle: log.append(("bundle", bundle)),
+                             batch_max=100, max_inflight=4, timeout_s=10.0)
+        client.writes = writes
+        link = client.link("topic", "k")
+
+        def answered(result):
+            writes.corked.append(f"ack {result}")
+            log.append(("answer", result))
+
+        client.send(link, ("a",), answered)
+        await _until(lambda: len(handle.calls) == 1)
+        handle.futures[0].set_result((["A"], ("deliveries",), "e1"))
+        await _until(lambda: any(entry[0] == "bundle" for entry in log))
+        assert log == [("mark", 1), ("answer", "A"), ("write", ["ack A"]), ("bundle", ("deliveries",))]
+        log.clear()
+        client.send(link, ("b",), answered)
+        await _until(lambda: len(handle.calls) == 2)
+        handle.futures[1].set_result((["B"], None, "e1"))  # no deliveries
+        await _until(lambda: log)
+        assert log == [("answer", "B")] and writes.corked == ["earlier", "ack B"]
+        client.close()
+
+    asyncio.run(scenario())
