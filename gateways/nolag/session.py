@@ -475,6 +475,7 @@ class NolagSession(DialectSession):
         for topic, (qos, filters, load_balance, group) in subscriptions.items():
             def joined(result: Any, topic: str = topic) -> None:
                 if topic not in resume and isinstance(result, int):
+                    self.positions_now()
                     self.qos.joined(topic, result)
                 done()
 
