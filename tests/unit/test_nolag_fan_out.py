@@ -13,6 +13,7 @@ import msgpack
 
 from gateways.nolag.config import NolagConfig
 from gateways.nolag.session import NolagDialect, NolagSession, _Item, _Subscription
+from actors.nolag import contract as nolag
 from gateways.server import frame_header
 
 TOPIC = "app/room/chat"
@@ -265,3 +266,62 @@ def test_the_acked_live_loop_tracks_as_the_window_does_and_a_full_window_lets_it
         assert session.positions_now() == {TOPIC: 12}
         assert [frame["msgId"] for frame in session.wire.frames] == ["m1", "m2", "m3"]
     assert [ids_ for _, ids_ in gateway.fanouts] == [list(ids)] * 3
+
+
+def test_a_reconnects_restore_holds_live_messages_until_its_replay_is_sent():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    session = connect(gateway, dialect, None)
+    answers: list[Any] = []
+    replays: list[dict] = []
+    session._ask = lambda key, command, on_result, failures=False: answers.append(on_result)
+    session._replay = replays.append  # the logged messages are asked for: answered below
+
+    # the actor's kept state: subscribed at QoS 0, its last message at 30
+    session._restore(2, ({TOPIC: (0, [], False, None)}, {TOPIC: 30}, {}, [], False))
+    assert session.live == {} and session.live is not session.subs
+    session.fan_out(message(None, 0, 35), (session.wire.id,), gateway)  # live, during the restore
+    assert session.wire.frames == []
+    for answered in [answer for answer in answers if answer is not None]:
+        answered(33)  # the subscribe's answer: the topic's position
+    assert replays == [{TOPIC: 30}] and session.live == {}
+    session._end_replay([])
+    assert [frame.get("timestamp") for frame in session.wire.frames if frame.get("type") == "message"] == [35]
+    assert session.live is session.subs and session.positions_now() == {TOPIC: 35}
+
+
+class _Shards(Shards):
+    """Records what is sent; every key maps to one link."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+        self.the_link = object()
+
+    def link(self, kind: str, key: str) -> object:
+        return self.the_link
+
+    def all(self, kind: str) -> list:
+        return []
+
+    def send(self, link: object, command: tuple, on_result: Any = None, timeout_s: Any = None) -> None:
+        self.sent.append(command)
+
+
+def test_the_live_positions_reach_a_restarted_shard_and_the_last_checkpoint():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    session = connect(gateway, dialect, 0)
+    shards = session.shards = _Shards()
+    session.key, session.actor = "a key", "actor-1"
+    session.fan_out(message(None, 0, 50), (session.wire.id,), gateway)
+
+    session.reannounce(shards.the_link)
+    positions = [command[-1] for command in shards.sent if command[0] == nolag.Op.ACTOR_SAVE]
+    assert positions == [50]  # the subscription's record with its position
+    assert any(command[0] == nolag.Op.SUBSCRIBE and command[-1] == 50 for command in shards.sent)
+
+    session.fan_out(message(None, 0, 51), (session.wire.id,), gateway)
+    shards.sent.clear()
+    session.release()
+    checkpoints = [command for command in shards.sent if command[0] == nolag.Op.ACTOR_CHECKPOINT]
+    assert checkpoints and checkpoints[-1][2] == {TOPIC: 51}
