@@ -748,7 +748,7 @@ class NolagSession(DialectSession):
         of one of them), in one loop over their ids. A message that nobody acks (QoS 0, or without
         an id) is one frame for every recipient: those whose session is open, subscribed and not
         replaying or gated (``live``) get it in the loop below; the others (gone, not subscribed,
-        another dialect's, a replay or a gated write in progress) go through :meth:`_fan_out_each`
+        another dialect's, a replay or a gated write in progress) go through :meth:`_fan_out_others`
         after it. One to be acked goes to :meth:`_fan_out_acked`."""
         if type(payload) is not tuple:
             gateway.each_event(payload, connection_ids)
@@ -785,7 +785,7 @@ class NolagSession(DialectSession):
         """A message to be acked (QoS 1 or 2, with an id), in one loop over the group: a live
         session that acks it at QoS 1 gets the frame with ``requiresAck`` (built once) and tracks it
         in its window, every such window sharing one entry, unless it is out there already; the
-        rest (a QoS 0 subscription, QoS 2 on both sides, not live) go through :meth:`_fan_out_each`
+        rest (a QoS 0 subscription, QoS 2 on both sides, not live) go through :meth:`_fan_out_others`
         after it."""
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
         sessions = self.dialect.by_connection
@@ -836,7 +836,7 @@ class NolagSession(DialectSession):
                       refused: list[int] | None, out: list[int] | None) -> None:
         """After a live loop: the recipients written (all of the group but ``others``, ``refused``
         and ``out``) as one accounting group of ``nbytes``, each refused one apart; then
-        ``others`` through :meth:`_fan_out_each`."""
+        ``others`` through :meth:`_fan_out_others`."""
         meta = payload[-1]
         if meta is not None:
             if others is None and refused is None and out is None:
@@ -849,87 +849,46 @@ class NolagSession(DialectSession):
                 for connection_id in refused or ():
                     gateway.account_delivery(meta, nbytes, connection_id, False)
         if others is not None:
-            NolagSession._fan_out_each(payload, tuple(others), gateway)
+            NolagSession._fan_out_others(payload, tuple(others), gateway)
 
     @staticmethod
-    def _fan_out_each(payload: tuple, connection_ids: tuple, gateway: Any) -> None:
-        """A message for several connections, each checked in full: the QoS 0 and QoS 1 recipients
-        get one of the message's two frames (without and with ``requiresAck``; every other field is
-        the message's), each built once, with one accounting group per frame; a QoS 1 one is
-        tracked in the recipient's window as :meth:`_write` does. Any other (QoS 2, which is
-        recorded first; a replay or a gated write in progress) goes through ``on_event``. A
-        connection that is gone counts as undeliverable on ``gateway``."""
+    def _fan_out_others(payload: tuple, connection_ids: tuple, gateway: Any) -> None:
+        """The rest of a group after a live loop: a live session subscribed at QoS 0 to a message
+        to be acked gets the frame without ``requiresAck`` (built once, one accounting group); any
+        other session (not live, QoS 2 on both sides, another dialect's) gets the message through
+        ``on_event``, which holds, records or drops it as its state asks. A connection that is gone
+        counts as undeliverable on ``gateway``."""
         connections = gateway.connections
-        topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
+        topic, packed, msg_id, _, filter_, ts_ms, _, meta = payload
         plain: bytes | None = None  # the frame without requiresAck
         plain_wire = b""  # it with its WebSocket header
-        acked: tuple[bytes, bytes] | None = None  # with it: (frame, wire frame)
-        written_plain: list[int] = []
-        written_acked: list[int] = []
+        written: list[int] = []
         gone = 0
-        tracked = qos != 0 and msg_id is not None  # else every recipient gets the plain frame
         now = time.monotonic()
         for connection_id in connection_ids:
             wire = connections.get(connection_id)
-            if wire is None:
+            session = None if wire is None else wire.session
+            if session is None:
                 gone += 1
                 continue
-            session = wire.session
-            if type(session) is not NolagSession:
-                if session is None:
-                    gone += 1
-                else:
-                    session.on_event(payload)
-                continue
-            if session.closed:
-                continue
-            sub = session.subs.get(topic)
-            if sub is None:
-                continue
-            if session.replaying is not None or session.gated:
+            sub = session.live.get(topic) if type(session) is NolagSession else None
+            if sub is None or sub.qos != 0:
                 session.on_event(payload)
                 continue
-            if not tracked or sub.qos == 0:
-                session.last_sent = now
-                # Nothing to track but the topic's position (QosWindow.delivered, inlined: the hot path).
-                if plain is None:
-                    plain = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
-                    plain_wire = frame_header(_BINARY, len(plain)) + plain
-                if wire.send_frame(plain_wire, _BINARY, plain):
-                    positions = session.positions
-                    if ts_ms > positions.get(topic, 0):
-                        positions[topic] = ts_ms
-                    written_plain.append(connection_id)
-                elif meta is not None:
-                    gateway.account_delivery(meta, len(plain), connection_id, False)
-                continue
-            if qos == 2 and sub.qos == 2:
-                session.on_event(payload)  # recorded before it is written
-                continue
-            window = session.qos
-            if msg_id in window.unacked:
-                continue  # already out and waiting for its ack (QosWindow.deliverable)
             session.last_sent = now
-            if acked is None:
-                frame = codec.message_packed(topic, packed, msg_id, True, False, filter_, None, ts_ms)
-                acked = (frame, frame_header(_BINARY, len(frame)) + frame)
-                # The recipients whose socket takes the frame share one window entry (level 1 here;
-                # every window of a gateway has its ack timeout).
-                entry = Unacked(frame, ts_ms, 1, now + window.ack_timeout_s, 1, topic)
-            if wire.send_frame(acked[1], _BINARY, acked[0]):
-                window.track(msg_id, entry)
-                written_acked.append(connection_id)
-            else:
-                window.delivered(topic, msg_id, 1, ts_ms, acked[0], False, now)
-                if meta is not None:
-                    gateway.account_delivery(meta, len(acked[0]), connection_id, False)
+            if plain is None:
+                plain = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
+                plain_wire = frame_header(_BINARY, len(plain)) + plain
+            if wire.send_frame(plain_wire, _BINARY, plain):
+                if ts_ms > sub.position:  # the topic's position (see positions_now)
+                    sub.position = ts_ms
+                written.append(connection_id)
+            elif meta is not None:
+                gateway.account_delivery(meta, len(plain), connection_id, False)
         if gone:
             gateway.undeliverable += gone
-        if meta is not None:
-            if written_plain:
-                gateway.account_fanout(meta, len(plain), written_plain)
-            if written_acked:
-                gateway.account_fanout(meta, len(acked[0]), written_acked)
+        if meta is not None and written:
+            gateway.account_fanout(meta, len(plain), written)
 
     def _frame(self, frame: bytes) -> None:
         """A frame that keeps its place behind messages waiting for their record."""
