@@ -40,6 +40,15 @@ _TEXT_OPCODE = 0x1
 _BINARY_OPCODE = 0x2
 
 
+def _flush_each(connections: list[Connection]) -> None:
+    """Write what each of ``connections`` holds; one that fails is logged, the others still go."""
+    for connection in connections:
+        try:
+            connection.flush()
+        except Exception:
+            logger.exception("connection %s: write failed", connection.id)
+
+
 class Gateway:
     def __init__(
         self,
@@ -232,11 +241,7 @@ class Gateway:
 
     def _uncork_all(self) -> None:
         corked, self._corked = self._corked, []
-        for connection in corked:
-            try:
-                connection.flush()
-            except Exception:
-                logger.exception("connection %s: write failed", connection.id)
+        _flush_each(corked)
 
     def remove_connection(self, connection: Connection) -> None:
         if self.connections.pop(connection.id, None) is None or connection.host is None:
@@ -337,11 +342,7 @@ class Gateway:
         connections corked before (deliveries of earlier replies of this turn) keep theirs for the
         turn's one write."""
         corked = self._corked
-        for connection in corked[mark:]:
-            try:
-                connection.flush()
-            except Exception:
-                logger.exception("connection %s: write failed", connection.id)
+        _flush_each(corked[mark:])
         del corked[mark:]
 
     def unroutable(self, meta: tuple, nbytes: int, reason: str) -> None:
