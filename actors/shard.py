@@ -46,7 +46,7 @@ from router.errors import CommandError
 from router.lane import LaneServer
 from router.metrics import ShardMetrics
 from router.postgres import STORE_ERRORS
-from router.proc import tune_gc
+from router.proc import tune_gc, tune_malloc
 from router.shardmap import GATEWAY_PREFIX, SHARD_SUFFIX, gateway_name, shard_name
 
 logger = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ class Shard:
                 time.sleep(wait)
                 wait = min(wait * 2, STORE_RETRY_MAX_S)
         tune_gc()
+        tune_malloc()
         self._healing: set[str] = set()  # gateways that have not re-announced yet
         self._heal_deadline = 0.0
         self.healed_in: float | None = None  # seconds from start to the last re-announcement

@@ -31,7 +31,7 @@ from router import contract
 from router.contract import DELIVER_EVENT, DELIVER_EVENTS, DELIVER_TEXT
 from router.eventlog import EventLog
 from router.metrics import GatewayMetrics
-from router.proc import raise_open_file_limit, tune_gc
+from router.proc import raise_open_file_limit, tune_gc, tune_malloc
 from router.shardmap import shard_name
 
 logger = logging.getLogger(__name__)
@@ -539,6 +539,7 @@ class GatewayActor:
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         raise_open_file_limit()
         tune_gc()
+        tune_malloc()
         self._gateway_id = gateway_id
         self._index = index
         self._settings = settings

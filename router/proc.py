@@ -70,3 +70,32 @@ def tune_gc() -> None:
     are frozen out of the scans (``gc.freeze``) by the caller once it is ready.
     """
     gc.set_threshold(50_000, 20, 100)
+
+
+# glibc's mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+BIG_BUFFER_BYTES = 1 << 20  # served by mmap and given back to the system when freed
+TRIM_BYTES = 2 * BIG_BUFFER_BYTES  # free memory kept at the top of a heap (glibc keeps 2x the mmap threshold)
+
+
+def tune_malloc() -> bool:
+    """Give a big buffer's memory back to the system as soon as it is freed. False off glibc.
+
+    glibc starts by serving allocations of 128 KiB or more with mmap, and raises that threshold to
+    the size of each such block freed, up to 32 MiB. After a client's 4 MiB frame, the next 4 MiB
+    ones come from the heaps instead, and freed they stay in the process: in a worker thread's
+    arena (the mx decode threads) up to three of them were kept, 12 MiB and more, depending on the
+    order they were freed in (measured on /save). A fixed threshold serves every buffer of 1 MiB
+    or more with mmap, whoever asks for it, and hands it back on free: a gateway's memory after
+    big frames returns to where it was. Buffers that big are rare (a frame's bytes, a batch), and
+    one more mmap is cheap next to filling 1 MiB.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
+                                                                                            TRIM_BYTES))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator's defaults stand
+        return False
