@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 
 from actors.baqend.contract import Write
+from actors.baqend.documents import reader
 from actors.baqend.livequeries import QuerySpec, QueryTable
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
@@ -490,7 +491,9 @@ def _matching_tables(layout: Layout, shards: int) -> list[QueryTable]:
         else:
             spec = QuerySpec("Bench", {"g": group})
         table, key = tables[query % shards], f"q{query}"
-        table.add(key, ("bench", query % 10), key, spec)
+        # As the query shard adds a subscription: with its reader (the queries scenario's
+        # subscribers are anonymous).
+        table.add(key, ("bench", query % 10), key, spec, reader(frozenset()))
         table.load(key)
     return tables
 
