@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Container, Mapping, NamedTuple
@@ -136,8 +137,23 @@ def writable(document: Mapping[str, Any], principals: Principals) -> bool:
     return not isinstance(acl, Mapping) or permitted(acl.get("write"), principals)
 
 
+# One reader for the same principals (most subscribers are anonymous or share their roles), so
+# the queries of one text and one reader share their predicate and their result state
+# (actors/baqend/rtquery.py, livequeries.py); kept while a query holds it, at most 4,096 at once.
+READERS_MAX = 4096
+_readers: weakref.WeakValueDictionary[frozenset, Callable[[Mapping[str, Any]], bool]] = weakref.WeakValueDictionary()
+
+
 def reader(principals: Principals) -> Callable[[Mapping[str, Any]], bool]:
-    return lambda document: readable(document, principals)
+    """What a subscriber with ``principals`` may read (a document's ``acl.read``)."""
+    found = _readers.get(principals) if type(principals) is frozenset else None
+    if found is None:
+        def found(document: Mapping[str, Any]) -> bool:
+            return readable(document, principals)
+
+        if type(principals) is frozenset and len(_readers) < READERS_MAX:
+            _readers[principals] = found
+    return found
 
 
 def check_acl(value: Any) -> Any:

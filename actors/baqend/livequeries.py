@@ -112,6 +112,21 @@ class LiveQuery:
     # registered again: the pages' image of each document they have (held ones that no longer
     # match included), then of each buffered write's; None: deleted
     images: dict[str, Any] = field(default_factory=dict)
+    state: "SharedState | None" = None  # the result state it shares with equal queries, once caught up
+
+
+class SharedState:
+    """One result state for the live queries of one bucket and one :attr:`RealtimeQuery.share_key`
+    (the same text, sort, window, filters and reader) that have seen the same writes: a write is
+    matched once for all of them and their events are one list. Many clients subscribe to the same
+    few queries; their cost then grows with the distinct queries, not with the subscriptions."""
+
+    __slots__ = ("key", "query", "members")
+
+    def __init__(self, key: tuple, query: RealtimeQuery) -> None:
+        self.key = key
+        self.query = query
+        self.members: dict[str, LiveQuery] = {}
 
 
 def index_term(query: Any) -> tuple[str, Any] | None:
@@ -189,6 +204,7 @@ class QueryTable:
         self.by_bucket: dict[str, _Bucket] = {}
         self.by_connection: dict[Route, set[str]] = {}
         self.received: dict[int, Stamp] = {}  # source -> last write seen
+        self.states: dict[tuple, SharedState] = {}  # (bucket, share key) -> the state its queries share
         self.writes = 0
         self.events = 0
 
@@ -273,10 +289,41 @@ class QueryTable:
         live.query = query
         live.known, live.images = None, {}
         if known is not None:
-            return self._resynced(live, known, images)
-        if not live.spec.initial:
-            return [(live.route, Baseline(live.key, [(d["id"], tag(d)) for d in query.result()]))]
-        return [(live.route, InitialResult(live.key, query.result()))]
+            outputs = self._resynced(live, known, images)
+        elif not live.spec.initial:
+            outputs = [(live.route, Baseline(live.key, [(d["id"], tag(d)) for d in query.result()]))]
+        else:
+            outputs = [(live.route, InitialResult(live.key, query.result()))]
+        if not live.skip:
+            self._share(live)
+        return outputs
+
+    def _share(self, live: LiveQuery) -> None:
+        """Caught up (loaded, no write of its pages still on its way): join the state of its equal
+        queries, or start one. A query whose documents differ from the state's keeps its own (it
+        cannot when both have seen the same writes; checked rather than assumed)."""
+        query = live.query
+        if query.share_key is None:
+            return
+        key = (live.spec.bucket, query.share_key)
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = SharedState(key, query)
+        elif state.query is not query:
+            if not query.same_state(state.query):
+                return
+            live.query = state.query
+        state.members[live.key] = live
+        live.state = state
+
+    def _unshare(self, live: LiveQuery) -> None:
+        state = live.state
+        if state is None:
+            return
+        live.state = None
+        del state.members[live.key]
+        if not state.members:
+            del self.states[state.key]
 
     def _resynced(self, live: LiveQuery, known: Known, images: dict[str, Any]) -> list[Output]:
         """The events that bring the client from what it holds to the loaded result."""
@@ -293,20 +340,27 @@ class QueryTable:
         return self._matches(live, changes, None)
 
     def _matches(self, live: LiveQuery, changes: list[Event], meta: tuple | None) -> list[Output]:
-        """The ``Matches`` of ``changes``: the events the subscription asked for, and when it
-        filters them, every change for the gateway to track the result (nothing if none)."""
-        query = live.query
-        events = query.deliverable(changes) if query.filtered else changes
-        view = [_entry(event) for event in changes] if query.filtered else None
+        """The ``Matches`` of ``changes`` (nothing if none)."""
+        events, view = self._answer(live.query, changes)
         if not events and not view:
             return []
         self.events += len(events)
-        return [(live.route, Matches(live.key, [event.fields() for event in events], meta, view))]
+        return [(live.route, Matches(live.key, events, meta, view))]
+
+    @staticmethod
+    def _answer(query: RealtimeQuery, changes: list[Event]) -> tuple[list[dict], list | None]:
+        """The events' fields the subscription asked for, and when it filters them, every change
+        for the gateway to track the result. Read-only once made: the queries of a shared state
+        send the same lists (pickled once in a bundle)."""
+        if not query.filtered:
+            return [event.fields() for event in changes], None
+        return [event.fields() for event in query.deliverable(changes)], [_entry(event) for event in changes]
 
     def remove(self, key: str) -> bool:
         live = self.queries.pop(key, None)
         if live is None:
             return False
+        self._unshare(live)
         bucket = self.by_bucket.get(live.spec.bucket)
         if bucket is not None:
             bucket.remove(live)
@@ -346,29 +400,54 @@ class QueryTable:
             # A query indexed by f = v is skipped when neither image has v at f: the write can
             # neither enter nor leave its result (nor matter while it loads).
             matched: dict[Any, bool] = {}  # predicate -> after satisfies it: tested once per text
+            shared: dict[SharedState, tuple] = {}  # state -> (events, view) of this write, made once
+            caught_up = None
             for live in queries.candidates(before, after):
                 query = live.query
                 if query is None:
                     live.buffer.append((source, epoch, item))
                     continue
+                state = live.state
+                if state is not None:
+                    answer = shared.get(state)
+                    if answer is None:
+                        answer = shared[state] = self._answer(query, self._changes(query, before, after, operation,
+                                                                                   matched))
+                    events, view = answer
+                    if events or view:
+                        self.events += len(events)
+                        outputs.append((live.route, Matches(live.key, events, meta, view)))
+                    continue
                 if live.skip:
                     coverage = live.skip.get(source)
                     if coverage is not None:
-                        if coverage.covers(_object_id(before, after), epoch, seq):
-                            continue
-                        if coverage.passed(epoch, seq):
+                        covered = coverage.covers(_object_id(before, after), epoch, seq)
+                        if coverage.passed(epoch, seq):  # no later write of the source is in a page
                             del live.skip[source]
-                hit = None
-                if after is not None:
-                    predicate = query.predicate
-                    hit = matched.get(predicate)
-                    if hit is None:
-                        hit = matched[predicate] = bool(predicate(after))
-                outputs += self._matches(live, query.changes(before, after, operation, hit), meta)
+                            if not live.skip:
+                                caught_up = [live] if caught_up is None else caught_up + [live]
+                        if covered:
+                            continue
+                outputs += self._matches(live, self._changes(query, before, after, operation, matched), meta)
+            if caught_up is not None:  # after the write reached every query: all have seen the same
+                for live in caught_up:
+                    self._share(live)
         return outputs
+
+    @staticmethod
+    def _changes(query: RealtimeQuery, before: Any, after: Any, operation: str, matched: dict) -> list[Event]:
+        hit = None
+        if after is not None:
+            predicate = query.predicate
+            hit = matched.get(predicate)
+            if hit is None:
+                hit = matched[predicate] = bool(predicate(after))
+        return query.changes(before, after, operation, hit)
 
     def stats(self) -> dict[str, Any]:
         return {"queries": len(self.queries), "loading": sum(1 for q in self.queries.values() if q.query is None),
+                "shared_states": len(self.states),
+                "sharing": sum(len(state.members) for state in self.states.values() if len(state.members) > 1),
                 "connections": len(self.by_connection), "writes": self.writes, "events": self.events}
 
 
@@ -390,4 +469,4 @@ def _covered(stamp: Stamp | None, epoch: str, seq: int) -> bool:
     return stamp_epoch == epoch and seq <= stamp_seq
 
 
-__all__ = ["Coverage", "Event", "LiveQuery", "QuerySpec", "QueryTable"]
+__all__ = ["Coverage", "Event", "LiveQuery", "QuerySpec", "QueryTable", "SharedState"]

@@ -95,12 +95,12 @@ class RealtimeQuery:
     ) -> None:
         # ``visible`` hides documents the subscriber may not read (their acl): a hidden document
         # is treated as not matching, so one that becomes hidden leaves the result.
-        matches = _compile(query)
+        matches, text = _compile(query)
         self._visible = visible
         # What a document must satisfy to be in the result: one object for every query of the
-        # same text without a ``visible`` check (:func:`_compile` shares them), so a caller
-        # matching one write against many queries tests it once per predicate.
-        self.predicate = matches if visible is None else (lambda document: matches(document) and visible(document))
+        # same text and the same ``visible`` check (:func:`_compile` and :func:`_restricted` share
+        # them), so a caller matching one write against many queries tests it once per predicate.
+        self.predicate = matches if visible is None else _restricted(matches, visible, text is not None)
         spec = _sort_spec(sort)
         self.offset = _offset(offset)
         requested_limit = _limit(limit)
@@ -115,6 +115,10 @@ class RealtimeQuery:
         if self.match_types is not None and self.operations is not None:
             raise SubscriptionError(BOTH_FILTERS)
         self._id_field = id_field
+        # Queries with equal keys hold the same result once they have seen the same writes: a
+        # caller may keep one of them for all (QueryTable's shared states). None: not shareable.
+        self.share_key = None if text is None or id_field != "id" else (
+            text, spec, self.offset, self.limit, self.match_types, self.operations, visible)
         self._documents: dict[Any, Document] = {}  # id -> current image, every matching object
         self._entries: dict[Any, tuple[tuple, Any]] = {}  # id -> (sort key, id), sorted queries
         self._order: SortedList = SortedList()
@@ -141,6 +145,12 @@ class RealtimeQuery:
     def document(self, object_id: Any) -> Document | None:
         """The current image of a matching document (in the window or not), None if none matches."""
         return self._documents.get(object_id)
+
+    def same_state(self, other: "RealtimeQuery") -> bool:
+        """Whether ``other`` is a query of the same key holding the same matching documents, so
+        either can stand for the other from now on."""
+        return (self.share_key is not None and self.share_key == other.share_key
+                and self._documents == other._documents)
 
     @property
     def filtered(self) -> bool:
@@ -327,16 +337,21 @@ def _decode(value: Any, name: str) -> Any:
 _SHARED_MAX = 4096
 _SHARED_TEXT_MAX = 1024
 _shared: weakref.WeakValueDictionary[bytes, Callable[[Document], bool]] = weakref.WeakValueDictionary()
+# The same for a shared predicate joined with a ``visible`` check (a subscriber's acl reader, one
+# object for the same principals: actors.baqend.documents.reader): by (predicate, check).
+_restricted_shared: weakref.WeakValueDictionary[tuple, Callable[[Document], bool]] = weakref.WeakValueDictionary()
 
 
-def _compile(query: Any):
+def _compile(query: Any) -> tuple[Callable[[Document], bool], bytes | None]:
+    """The query's predicate, and its text: what equal queries are known by (None: a query not made
+    of JSON's own values, or too long; compiled for this query alone)."""
     query = _decode(query, "query")
     query = {} if query is None else query
     text = _shared_text(query)
     if text is not None:
         predicate = _shared.get(text)
         if predicate is not None:
-            return predicate
+            return predicate, text
     try:
         predicate = compile_query(query)
     except UnsupportedQueryError as error:
@@ -345,6 +360,20 @@ def _compile(query: Any):
         raise SubscriptionError(str(error)) from None
     if text is not None and len(_shared) < _SHARED_MAX:
         _shared[text] = predicate  # a compiled query is a Python function: weakly referenced
+    return predicate, text
+
+
+def _restricted(matches: Callable[[Document], bool], visible: Callable[[Document], bool],
+                shared: bool) -> Callable[[Document], bool]:
+    """``matches`` and ``visible`` both; one object for the same two when ``matches`` is shared."""
+    key = (matches, visible)
+    predicate = _restricted_shared.get(key) if shared else None
+    if predicate is None:
+        def predicate(document: Document) -> bool:
+            return matches(document) and visible(document)
+
+        if shared and len(_restricted_shared) < _SHARED_MAX:
+            _restricted_shared[key] = predicate
     return predicate
 
 

@@ -144,7 +144,8 @@ def test_other_buckets_are_not_matched_and_purges_remove_everything():
     assert table.purge_gateway("gw") == 1
     outputs = table.apply(0, "e", [("Todo", None, {"id": "/db/Todo/x", "version": 1}, "insert", 2, None)])
     assert [route for route, _ in outputs] == [("other", 1)]
-    assert table.stats() == {"queries": 1, "loading": 0, "connections": 1, "writes": 2, "events": 1}
+    assert table.stats() == {"queries": 1, "loading": 0, "shared_states": 1, "sharing": 0, "connections": 1, "writes": 2,
+                             "events": 1}
 
 
 def test_acl_visibility_anonymous_sees_public_documents_only():
@@ -488,3 +489,186 @@ def test_a_write_tests_the_predicate_of_one_query_text_once_for_all_its_queries(
                               ("match", "other", [("add", "insert", "e", None)]),
                               ("match", "anon", [("add", "insert", "e", None)])]
     assert tested == ["/db/Todo/d"] * 3 + ["/db/Todo/e"] * 3
+
+
+# -- shared result states ----------------------------------------------------------------------------
+
+class Unshared(QueryTable):
+    """Every query keeps its own state: what sharing must be indistinguishable from."""
+
+    def _share(self, live):
+        pass
+
+
+def test_equal_queries_share_one_state_matched_once_and_send_the_same_events(monkeypatch):
+    from actors.baqend.rtquery import RealtimeQuery
+
+    computed = []
+    changes = RealtimeQuery.changes
+
+    def counted(self, *args, **kwargs):
+        computed.append(self)
+        return changes(self, *args, **kwargs)
+
+    monkeypatch.setattr(RealtimeQuery, "changes", counted)
+    source, table = Source(), QueryTable()
+    table.apply(0, "e0", [source.write("insert", "a", g=1, n=1)])
+    anonymous, user = reader(frozenset()), reader(frozenset({"/db/User/u1"}))
+    assert reader(frozenset()) is anonymous  # one reader for the same principals
+    text = {"g": 1}
+    for index in range(5):  # the same query, the same reader: one state
+        table.add(f"k{index}", ("gw", 10 + index), f"s{index}", QuerySpec("Todo", text), anonymous)
+    table.add("sorted", ROUTE, "t", QuerySpec("Todo", text, sort={"n": -1}, limit=2), anonymous)
+    table.add("user", ROUTE, "u", QuerySpec("Todo", text), user)  # another reader: its own
+    table.add("filtered", ROUTE, "v", QuerySpec("Todo", text, match_types=["add"]), anonymous)  # other filters
+    for key in list(table.queries):
+        table.load(key, [source.scan()])
+    assert [len(state.members) for state in table.states.values()] == [5, 1, 1, 1]
+    assert len({id(table.queries[f"k{index}"].query) for index in range(5)}) == 1
+    assert table.stats()["shared_states"] == 4 and table.stats()["sharing"] == 5
+    computed.clear()
+    outputs = _QueryTable.apply(table, 0, "e0", [source.write("update", "a", g=1, n=2)])
+    assert len(computed) == 4  # once a state, not once a query
+    assert [(route, payload.key) for route, payload in outputs] == [
+        *[(("gw", 10 + index), f"k{index}") for index in range(5)], (ROUTE, "sorted"), (ROUTE, "user"),
+        (ROUTE, "filtered")]  # no event it asked for; the change for the gateway's view of its result
+    assert len({id(payload.events) for _, payload in outputs[:5]}) == 1  # one list, pickled once in a bundle
+    assert brief(_tagged(outputs)) == [*[("match", f"k{index}", [("change", "update", "a", None)]) for index in range(5)],
+                                       ("match", "sorted", [("change", "update", "a", 0)]),
+                                       ("match", "user", [("change", "update", "a", None)]),
+                                       ("match", "filtered", [])]
+    assert table.events == 7
+    # Members leave; the state stays for the others, and goes with the last one.
+    key = next(key for key, state in table.states.items() if len(state.members) == 5)
+    assert table.remove("k0") and table.purge_connection(("gw", 11)) == 1
+    assert sorted(table.states[key].members) == ["k2", "k3", "k4"]
+    outputs = table.apply(0, "e0", [source.write("insert", "b", g=1, n=3)])
+    assert [key for _, (_, key, *_) in outputs] == ["k2", "k3", "k4", "sorted", "user", "filtered"]
+    for member in ("k2", "k3", "k4"):
+        table.remove(member)
+    assert key not in table.states and len(table.states) == 3
+
+
+def test_a_query_joins_its_equal_state_only_once_it_has_seen_the_same_writes():
+    source, table = Source(), QueryTable()
+    table.add("first", ROUTE, "s1", QuerySpec("Todo", {"g": 1}))
+    table.load("first", [source.scan()])
+    in_flight = [source.write("insert", "a", g=1, n=1)]
+    assert brief(table.apply(0, "e0", in_flight)) == [("match", "first", [("add", "insert", "a", None)])]
+    late = [source.write("insert", "b", g=1, n=2)]
+    table.add("second", ROUTE, "s2", QuerySpec("Todo", {"g": 1}))
+    table.load("second", [source.scan()])  # its page has b, whose write has not reached this shard yet
+    assert table.queries["second"].skip and table.queries["second"].state is None
+    assert brief(table.apply(0, "e0", late)) == [("match", "first", [("add", "insert", "b", None)])]
+    second = table.queries["second"]
+    assert not second.skip and second.state is table.queries["first"].state and len(second.state.members) == 2
+    outputs = table.apply(0, "e0", [source.write("update", "a", g=1, n=5)])
+    assert brief(outputs) == [("match", "first", [("change", "update", "a", None)]),
+                              ("match", "second", [("change", "update", "a", None)])]
+
+
+def test_a_query_whose_documents_differ_from_the_state_keeps_its_own():
+    """Cannot happen when both have seen the same writes: checked, not assumed."""
+    source, table = Source(), QueryTable()
+    table.apply(0, "e0", [source.write("insert", "a", g=1, n=1)])
+    table.add("first", ROUTE, "s1", QuerySpec("Todo", {"g": 1}))
+    table.load("first", [source.scan()])
+    table.add("second", ROUTE, "s2", QuerySpec("Todo", {"g": 1}))
+    table.load("second", [scan(0, "e0", source.seq, [])])  # a page without "a"
+    first, second = table.queries["first"], table.queries["second"]
+    assert second.state is None and second.query is not first.query
+    outputs = table.apply(0, "e0", [source.write("update", "a", g=1, n=2)])
+    assert brief(outputs) == [("match", "first", [("change", "update", "a", None)]),
+                              ("match", "second", [("add", "update", "a", None)])]
+
+
+SHARED_SPECS = [  # equal pairs, and near misses of each
+    QuerySpec("Todo", {"on": True}, initial=True),
+    QuerySpec("Todo", {"on": True}, initial=True),
+    QuerySpec("Todo", '{"on": true}', initial=False),  # the same text sent as JSON: shared, without a result
+    QuerySpec("Todo", {"on": True}, match_types=["add", "remove"], initial=True),
+    QuerySpec("Todo", {"on": True}, {"n": -1}, 0, 2, initial=True),
+    QuerySpec("Todo", {"on": True}, {"n": -1}, 0, 2, initial=True),
+    QuerySpec("Todo", {"on": True}, {"n": -1}, 1, 2, operations=["update"], initial=True),
+    QuerySpec("Todo", {"n": 3}, initial=True),  # indexed by n = 3
+    QuerySpec("Todo", {"n": 3}, initial=True),
+]
+PRINCIPALS = [frozenset(), frozenset({"/db/User/u1"})]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(write, max_size=30),
+       st.lists(st.tuples(st.integers(0, 30), st.sampled_from(range(len(SHARED_SPECS))), st.integers(0, 1),
+                          st.integers(0, 30)), min_size=1, max_size=6),
+       st.integers(0, 3), st.integers(1, 3))
+def test_shared_states_send_exactly_what_unshared_queries_send(writes, subscriptions, delivered_at, page_rows):
+    """Subscriptions (some equal, some with another reader, some unsubscribed later) arrive while
+    writes race their pages to the query shard, as in the property above; a table that shares
+    states sends, to every subscription, exactly what one that does not share sends."""
+    sources = [Source(0, "a"), Source(1, "b")]
+    in_flight: list[list[tuple]] = [[], []]
+    tables = [QueryTable(), Unshared()]
+    sent: list[list] = [[], []]
+    reading: dict[str, dict[int, str | None]] = {}  # subscription -> where each source's next page starts
+
+    def each(call, *args):
+        results = [call(table, *args) for table in tables]
+        for index, result in enumerate(results):
+            if isinstance(result, list):
+                sent[index].extend(result)
+            else:
+                sent[index].append(result)
+        return results
+
+    def deliver(count: int) -> None:
+        for index in (0, 1):
+            items, in_flight[index] = in_flight[index][:count], in_flight[index][count:]
+            if items:
+                each(QueryTable.apply, index, sources[index].epoch, items)
+
+    def read_pages() -> None:
+        for key in list(reading):
+            pages = [sources[index].page(after, page_rows) for index, after in reading[key].items()]
+            deliver(delivered_at)
+            for page in pages:
+                each(_QueryTable.page, key, page)
+                reading[key][page.source] = page.upto
+                if page.upto is None:
+                    del reading[key][page.source]
+            if not reading[key]:
+                each(QueryTable.load, key)
+                del reading[key]
+
+    for step, planned in enumerate(writes + [None]):
+        for number, (at, which, principals, leave) in enumerate(subscriptions):
+            key = f"q{number}"
+            if at == step:
+                each(_QueryTable.add, key, ("gw", number), f"s{number}", SHARED_SPECS[which],
+                     reader(PRINCIPALS[principals]))
+                reading[key] = {0: None, 1: None}
+            elif at < leave == step:
+                reading.pop(key, None)
+                each(_QueryTable.remove, key)
+        read_pages()
+        if planned is None:
+            break
+        action, key, n, on = planned
+        source = sources[int(key[1:]) % 2]
+        exists = source.table.get(f"/db/Todo/{key}") is not None
+        if action == "delete" and not exists:
+            continue
+        operation = "delete" if action == "delete" else ("update" if exists else "insert")
+        fields = {"n": n, "on": on}
+        if n == 6:  # only u1 may read it
+            fields["acl"] = {"read": {"/db/User/u1": "allow"}, "write": {}}
+        elif exists:
+            fields["acl"] = None
+        in_flight[source.index].append(source.write(operation, key, **fields))
+        if step % 3 == 0:
+            deliver(1)
+    while reading:
+        read_pages()
+    deliver(100)
+    assert sent[0] == sent[1]
+    assert tables[0].events == tables[1].events
+    assert len({id(state.query) for state in tables[0].states.values()}) == len(tables[0].states)
