@@ -139,20 +139,21 @@ def writable(document: Mapping[str, Any], principals: Principals) -> bool:
 
 # One reader for the same principals (most subscribers are anonymous or share their roles), so
 # the queries of one text and one reader share their predicate and their result state
-# (actors/baqend/rtquery.py, livequeries.py); kept while a query holds it, at most 4,096 at once.
-READERS_MAX = 4096
+# (actors/baqend/rtquery.py, livequeries.py). An entry lives while a query holds its reader, so
+# there are never more than live subscriptions (themselves bounded by the gateways' limits).
 _readers: weakref.WeakValueDictionary[frozenset, Callable[[Mapping[str, Any]], bool]] = weakref.WeakValueDictionary()
 
 
 def reader(principals: Principals) -> Callable[[Mapping[str, Any]], bool]:
     """What a subscriber with ``principals`` may read (a document's ``acl.read``)."""
-    found = _readers.get(principals) if type(principals) is frozenset else None
+    if type(principals) is not frozenset:
+        principals = frozenset(principals)
+    found = _readers.get(principals)
     if found is None:
         def found(document: Mapping[str, Any]) -> bool:
             return readable(document, principals)
 
-        if type(principals) is frozenset and len(_readers) < READERS_MAX:
-            _readers[principals] = found
+        _readers[principals] = found
     return found
 
 

@@ -100,7 +100,8 @@ class RealtimeQuery:
         # What a document must satisfy to be in the result: one object for every query of the
         # same text and the same ``visible`` check (:func:`_compile` and :func:`_restricted` share
         # them), so a caller matching one write against many queries tests it once per predicate.
-        self.predicate = matches if visible is None else _restricted(matches, visible, text is not None)
+        self.predicate = matches if visible is None else _restricted(matches, visible,
+                                                                     text is not None and _shared.get(text) is matches)
         spec = _sort_spec(sort)
         self.offset = _offset(offset)
         requested_limit = _limit(limit)

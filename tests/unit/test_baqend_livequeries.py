@@ -672,3 +672,27 @@ def test_shared_states_send_exactly_what_unshared_queries_send(writes, subscript
     assert sent[0] == sent[1]
     assert tables[0].events == tables[1].events
     assert len({id(state.query) for state in tables[0].states.values()}) == len(tables[0].states)
+    held = len(tables[0].queries)
+    assert tables[0].purge_gateway("gw") == held and tables[0].states == {}  # none left behind
+
+
+def test_a_query_registered_again_joins_its_equal_state_once_loaded():
+    source = Source()
+    for key, n in (("a", 1), ("b", 2)):
+        source.write("insert", key, n=n, on=True)
+    held = [(d["id"], tag(d)) for d in source.documents()]
+    source.write("update", "b", on=False)
+    table = QueryTable()
+    table.add("fresh", ROUTE, "s0", QuerySpec("Todo", {"on": True}), reader(frozenset()))
+    table.load("fresh", [source.scan()])
+    include = frozenset(oid for oid, _ in held)
+    table.add("again", ROUTE, "s1", QuerySpec("Todo", {"on": True}, initial=True), reader(frozenset()), Known(held, HEARD))
+    pages = [Scan(0, "e0", source.seq, *source.table.scan("Todo", lambda d: d.get("on") is True, include=include))]
+    assert brief(table.apply(0, "e0", [source.write("insert", "c", n=3, on=True)])) == [
+        ("match", "fresh", [("add", "insert", "c", None)])]
+    assert brief(table.load("again", pages)) == [("match", "again", [("remove", "update", "b", None),
+                                                                     ("add", "insert", "c", None)])]
+    again, fresh = table.queries["again"], table.queries["fresh"]
+    assert again.state is not None and again.state is fresh.state and again.query is fresh.query
+    assert brief(table.apply(0, "e0", [source.write("update", "a", n=9)])) == [
+        ("match", "fresh", [("change", "update", "a", None)]), ("match", "again", [("change", "update", "a", None)])]
