@@ -9,13 +9,17 @@ once its upload completed. Either way a reader never sees half a file.
 
 The hot path only appends tuples: one per message received, one per *fan-out group* (a message
 delivered to several connections of a gateway is one entry holding their ids), one per drop or
-rejection. Every ``flush_interval_s`` the event loop swaps the buffers and a writer thread expands
+rejection. A record holds only atomic values (the message's meta spread into it, a group's
+connection ids as one int or as packed bytes), so the garbage collector stops tracking it the first
+time it looks at it: a record holding another tuple stayed tracked until a middle-generation
+collection, and those walked every buffered record (100-500 ms each in a flood). Every ``flush_interval_s`` the event loop swaps the buffers and a writer thread expands
 the groups into rows with pyarrow and writes the files. Sampling is decided per message (its
 sequence number), so a sampled message keeps all its deliveries and fan-out stays exact.
 """
 
 from __future__ import annotations
 
+import array
 import calendar
 import io
 import itertools
@@ -24,6 +28,7 @@ import os
 import pickle
 import re
 import secrets
+import struct
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -167,9 +172,10 @@ class EventLog:
         self.gateway_id = gateway_id
         self.sample_every = max(1, round(1 / sample_rate)) if sample_rate > 0 else 0
         self.retention_ns = int(retention_hours * 3600 * 1e9)
-        # (ts_ns, meta, protocol_id, bytes, connection, outcome, reason): one row each
+        # (ts_ns, *meta, protocol_id, bytes, connection, outcome, reason): one row each
         self._rows: list[tuple] = []
-        # (ts_ns, meta, bytes, connection ids): one row per connection
+        # (ts_ns, *meta, bytes, connection ids): one row per connection; the ids are one int, or
+        # several packed as int64 bytes (see _ids)
         self._groups: list[tuple] = []
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
         self._pending: list[Future] = []
@@ -217,7 +223,9 @@ class EventLog:
         return every == 1 or (every > 1 and seq % every == 0)
 
     def ingress(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int) -> None:
-        self._rows.append((ts_ns, meta, protocol_id, nbytes, connection, "accepted", None))
+        origin, seq, ingress_ns, dialect, kind, topic = meta
+        self._rows.append((ts_ns, origin, seq, ingress_ns, dialect, kind, topic, protocol_id, nbytes, connection,
+                           "accepted", None))
 
     def rejected(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int,
                  reason: str) -> None:
@@ -225,14 +233,20 @@ class EventLog:
             self.rejected_unlogged += 1
             return
         self._rejected_in_flush += 1
-        self._rows.append((ts_ns, meta, protocol_id, nbytes, connection, "rejected", reason))
+        origin, seq, ingress_ns, dialect, kind, topic = meta
+        self._rows.append((ts_ns, origin, seq, ingress_ns, dialect, kind, topic, protocol_id, nbytes, connection,
+                           "rejected", reason))
 
     def delivered(self, ts_ns: int, meta: Meta, nbytes: int, connections: tuple[int, ...] | list[int]) -> None:
-        """One fan-out group; ``connections`` is kept as it is (a tuple or a list not changed later)."""
-        self._groups.append((ts_ns, meta, nbytes, connections))
+        """One fan-out group of ``connections`` (a tuple or a list of ids)."""
+        origin, seq, ingress_ns, dialect, kind, topic = meta
+        self._groups.append((ts_ns, origin, seq, ingress_ns, dialect, kind, topic, nbytes,
+                             connections[0] if len(connections) == 1 else _ids(connections)))
 
     def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
-        self._rows.append((ts_ns, meta, None, nbytes, connection, "dropped", reason))
+        origin, seq, ingress_ns, dialect, kind, topic = meta
+        self._rows.append((ts_ns, origin, seq, ingress_ns, dialect, kind, topic, None, nbytes, connection,
+                           "dropped", reason))
 
     # -- flushing -------------------------------------------------------------------------
 
@@ -291,36 +305,41 @@ class EventLog:
 
     def _rows_table(self, rows: list[tuple]) -> pa.Table:
         """Ingress, rejection and drop records: ingress ones are "in", drops "out" (with latency)."""
-        outcome = pa.array(_column(rows, 5), pa.string())
+        outcome = pa.array(_column(rows, 10), pa.string())
         outbound = pc.equal(outcome, "dropped")
         return self._assemble(
-            rows, pa.array(_column(rows, 2), pa.string()), _column(rows, 3), pa.array(_column(rows, 4), pa.int64()),
-            outcome, pa.array(_column(rows, 6), pa.string()), pc.if_else(outbound, "out", "in"), outbound,
+            rows, pa.array(_column(rows, 7), pa.string()), _column(rows, 8), pa.array(_column(rows, 9), pa.int64()),
+            outcome, pa.array(_column(rows, 11), pa.string()), pc.if_else(outbound, "out", "in"), outbound,
         )
 
     def _groups_table(self, groups: list[tuple]) -> pa.Table:
         """One row per delivered connection, from one entry per fan-out group."""
-        connections = _column(groups, 3)
-        lengths = np.fromiter(map(len, connections), dtype=np.int64, count=len(groups))
+        connections = _column(groups, 8)
+        lengths = np.fromiter((1 if type(ids) is int else len(ids) >> 3 for ids in connections), dtype=np.int64,
+                              count=len(groups))
         total = int(lengths.sum())
-        index = None if total == len(groups) else pa.array(np.repeat(np.arange(len(groups)), lengths))
-        flat = np.fromiter(itertools.chain.from_iterable(connections), dtype=np.int64, count=total)
+        if total == len(groups) and all(type(ids) is int for ids in connections):
+            index, flat = None, np.fromiter(connections, dtype=np.int64, count=total)
+        else:
+            index = pa.array(np.repeat(np.arange(len(groups)), lengths))
+            flat = np.frombuffer(b"".join(_ID.pack(ids) if type(ids) is int else ids for ids in connections),
+                                 dtype="<i8")
         return self._assemble(
-            groups, pa.nulls(total, pa.string()), _column(groups, 2), pa.array(flat),
+            groups, pa.nulls(total, pa.string()), _column(groups, 7), pa.array(flat),
             _constant("delivered", total), pa.nulls(total, pa.string()), _constant("out", total), True, index,
         )
 
     def _assemble(self, records: list[tuple], protocol_id: pa.Array, sizes: list, connection: pa.Array,
                   outcome: pa.Array, reason: pa.Array, direction: pa.Array, has_latency: Any,
                   index: pa.Array | None = None) -> pa.Table:
-        """The table; ``records`` start with (ts_ns, meta); ``index`` repeats a group's values per connection.
+        """The table; ``records`` start with (ts_ns, *meta); ``index`` repeats a group's values per connection.
 
         Columns are pulled with itemgetter, not ``zip(*records)``: that would allocate an iterator per
         record, and the garbage collector would walk the whole heap several times per flush.
         """
-        metas = _column(records, 1)
         ts_ns = np.fromiter(map(itemgetter(0), records), dtype=np.int64, count=len(records))
-        t0 = np.fromiter(map(itemgetter(META_FIELDS["ingress_ns"]), metas), dtype=np.int64, count=len(records))
+        t0 = np.fromiter(map(itemgetter(1 + META_FIELDS["ingress_ns"]), records), dtype=np.int64,
+                         count=len(records))
         latency = pa.array(ts_ns - t0)
         if has_latency is not True:
             latency = pc.if_else(has_latency, latency, pa.scalar(None, pa.int64()))
@@ -330,7 +349,7 @@ class EventLog:
             return array if index is None else array.take(index)
 
         def meta_field(name: str, type_: pa.DataType) -> pa.Array:
-            return per_record(_column(metas, META_FIELDS[name]), type_)
+            return per_record(_column(records, 1 + META_FIELDS[name]), type_)
 
         return pa.Table.from_arrays(
             [
@@ -419,6 +438,18 @@ def _column(records: list[tuple], position: int) -> list:
     return list(map(itemgetter(position), records))
 
 
+_ID = struct.Struct("<q")
+
+
+def _ids(connections: tuple[int, ...] | list[int]) -> bytes:
+    """A group's connection ids as little-endian int64s: bytes, which the garbage collector never
+    tracks (the writer may run on another node)."""
+    ids = array.array("q", connections)
+    if sys.byteorder != "little":  # pragma: no cover - every platform Ray runs on is little-endian
+        ids.byteswap()
+    return ids.tobytes()
+
+
 def _constant(value: str, count: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(count, dtype=np.int8)), [value]).cast(pa.string())
 
@@ -450,6 +481,6 @@ def _warm_up() -> None:
     log = EventLog.__new__(EventLog)
     log.gateway_id = "warm-up"
     meta = ("warm-up", 1, 0, "", "", None)
-    table = pa.concat_tables([log._rows_table([(1, meta, None, 1, 1, "dropped", "")]),
-                              log._groups_table([(1, meta, 1, (1, 2))])])
+    table = pa.concat_tables([log._rows_table([(1, *meta, None, 1, 1, "dropped", "")]),
+                              log._groups_table([(1, *meta, 1, _ids((1, 2)))])])
     pq.write_table(table.sort_by("ts_ns"), io.BytesIO(), compression="zstd")

@@ -609,3 +609,38 @@ def test_retention_removes_an_empty_date_folder_only_once_its_whole_day_is_past(
 
 def test_retention_goes_on_when_another_writer_pruned_a_folder_first(log, events_dir):
     assert log._delete(str(events_dir / "date=2026-01-01" / "hour=00")) is None
+
+
+def test_buffered_records_leave_the_garbage_collector_at_its_first_look(tmp_path):
+    """A record that held the message's meta (a tuple) stayed tracked past the youngest collection
+    (the collector reaches a record before its meta, and keeps a tuple that holds a tracked one), so
+    every buffered record was walked again by the next middle-generation collection: 100-500 ms
+    each in a gateway under a flood."""
+    import gc
+
+    log = EventLog(tmp_path, GATEWAY, retention_hours=KEEP_FOREVER)
+    try:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for seq in range(50):
+                each = meta(seq=seq, topic=f"rooms/{seq}")  # a fresh tuple a message, as a gateway makes them
+                log.ingress(T0 + seq, each, f"id-{seq}", 100, seq)
+                log.delivered(T0 + seq + 1, each, 100, (seq,))
+                log.delivered(T0 + seq + 2, each, 100, [seq, seq + 1, seq + 2])
+                log.dropped(T0 + seq + 3, each, 100, seq, "slow_consumer")
+            log.rejected(T0, meta(seq=99), None, 100, 1, "rate_limited")
+            gc.collect(0)
+            assert [record for record in log._rows + log._groups if gc.is_tracked(record)] == []
+        finally:
+            if was_enabled:
+                gc.enable()
+        log.flush().result(WAIT)
+        rows = read_rows(tmp_path)
+        assert len(rows) == 50 * 6 + 1
+        delivered = sorted((r["msg_seq"], r["connection"]) for r in rows if r["outcome"] == "delivered")
+        assert delivered == sorted([(seq, seq) for seq in range(50)] + [(seq, seq + k) for seq in range(50)
+                                                                        for k in range(3)])
+        assert {r["topic"] for r in rows if r["msg_seq"] == 7} == {"rooms/7"}
+    finally:
+        log.close()
