@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated: raw, redis, router, and a dialect's own peers (cashu: nutshell); "
                              "default: all of them")
     parser.add_argument("--subscribers", type=_ints, default=[1, 100, 1000], help="fanout: S values (default 1,100,1000)")
-    parser.add_argument("--deliveries", type=int, default=1_000_000, help="fanout S>1 and topics: deliveries per case")
-    parser.add_argument("--messages-s1", type=int, default=200_000, help="fanout S=1: messages")
-    parser.add_argument("--p2p-messages", type=int, default=200_000)
+    parser.add_argument("--deliveries", type=int, default=Options.deliveries,
+                        help="fanout S>1 and topics: deliveries per case")
+    parser.add_argument("--messages-s1", type=int, default=Options.messages_s1, help="fanout S=1: messages")
+    parser.add_argument("--p2p-messages", type=int, default=Options.p2p_messages)
     parser.add_argument("--pairs", type=int, default=20, help="p2p: sender/receiver pairs")
     parser.add_argument("--window", type=int, default=1000, help="unacknowledged publishes per publisher")
     parser.add_argument("--rate", type=float, default=1000.0, help="latency: offered messages/s")

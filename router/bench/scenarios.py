@@ -30,8 +30,11 @@ SCENARIOS = ("fanout", "topics", "p2p", "latency", "connections", "churn")
 @dataclass
 class Options:
     subscribers: list[int] = field(default_factory=lambda: [1, 100, 1000])
-    deliveries: int = 1_000_000  # per fanout / topics case
-    messages_s1: int = 200_000  # fanout S=1 publishes (a single subscriber needs more to last)
+    # Cases long enough for the router's steady state (several seconds): the event-log writer
+    # converts what the gateways hand it every couple of seconds, in a process of its own that
+    # competes for the same two cores; a case of one or two seconds ended before most of it ran.
+    deliveries: int = 4_000_000  # per fanout / topics case
+    messages_s1: int = 1_000_000  # fanout S=1 publishes (a single subscriber needs more to last)
     window: int = 1000
     procs: int = 2  # processes per role
     topics: int = 100
@@ -39,7 +42,7 @@ class Options:
     topic_subscribers: int = 100
     topic_publishers: int = 10
     pairs: int = 20
-    p2p_messages: int = 200_000
+    p2p_messages: int = 1_000_000
     rate: float = 1000.0
     latency_seconds: float = 10.0
     latency_subscribers: int = 100
