@@ -326,13 +326,16 @@ async def _publish(dialect: Dialect, client, entry: dict[str, Any], spec: dict[s
 
 async def _settle(dialect: Dialect, client, messages: int, acknowledged: bool = True) -> None:
     """Before closing: wait until the server has handled every message (a close right behind the
-    last frames may otherwise lose them). Signal Hub's hub:send has no reply: nothing to wait for."""
+    last frames may otherwise lose them). Signal Hub's hub:send has no reply: the connection is
+    closed, and its end waits for the server's close frame, which follows everything sent."""
     sync, every = dialect.sync(), dialect.publish_ack_every
     if sync is not None:
         client.send(sync)
         await client.wait_acks(messages // every + 1)
     elif acknowledged:  # every publish is answered (hub:delivery_ack, Redis's receiver count)
         await client.wait_acks(messages)
+    else:
+        await client.close_read()
 
 
 async def paced(count: int, rate: float):

@@ -302,6 +302,14 @@ class WsClient(_Stream):
             self.transport.write(client_frame(struct.pack("!H", 1000), 0x8))
             self.transport.close()
 
+    async def close_read(self, timeout: float = 60) -> None:
+        """Send a close frame and wait for the server's: it has then read everything written before.
+        Closing at once and ending the process loses what the transport has not handed to the
+        kernel yet, when the server is not reading (a gateway that paused its reads: a shard backlog)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(client_frame(struct.pack("!H", 1000), 0x8))
+        await asyncio.wait_for(asyncio.shield(self.closed), timeout)
+
 
 async def open_ws(url: str, tally: Tally | None = None, timeout: float = 30, opcode: int = 0x1, headers: str = "",
                   client_class: type[WsClient] = WsClient) -> Any:
