@@ -12,8 +12,10 @@ delivered to several connections of a gateway is one entry holding their ids), o
 rejection. A record holds only atomic values (the message's meta spread into it, a group's
 connection ids as one int or as packed bytes), so the garbage collector stops tracking it the first
 time it looks at it: a record holding another tuple stayed tracked until a middle-generation
-collection, and those walked every buffered record (100-500 ms each in a flood). Every ``flush_interval_s`` the event loop swaps the buffers and a writer thread expands
-the groups into rows with pyarrow and writes the files. Sampling is decided per message (its
+collection, and those walked every buffered record (100-500 ms each in a flood).
+
+Every ``flush_interval_s`` the event loop swaps the buffers and a writer thread expands the groups
+into rows with pyarrow and writes the files. Sampling is decided per message (its
 sequence number), so a sampled message keeps all its deliveries and fan-out stays exact.
 """
 
@@ -315,12 +317,13 @@ class EventLog:
     def _groups_table(self, groups: list[tuple]) -> pa.Table:
         """One row per delivered connection, from one entry per fan-out group."""
         connections = _column(groups, 8)
-        lengths = np.fromiter((1 if type(ids) is int else len(ids) >> 3 for ids in connections), dtype=np.int64,
-                              count=len(groups))
-        total = int(lengths.sum())
-        if total == len(groups) and all(type(ids) is int for ids in connections):
+        if all(type(ids) is int for ids in connections):  # one connection each (S=1, point to point)
+            total = len(groups)
             index, flat = None, np.fromiter(connections, dtype=np.int64, count=total)
         else:
+            lengths = np.fromiter((1 if type(ids) is int else len(ids) >> 3 for ids in connections), dtype=np.int64,
+                                  count=len(groups))
+            total = int(lengths.sum())
             index = pa.array(np.repeat(np.arange(len(groups)), lengths))
             flat = np.frombuffer(b"".join(_ID.pack(ids) if type(ids) is int else ids for ids in connections),
                                  dtype="<i8")

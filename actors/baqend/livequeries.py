@@ -425,7 +425,9 @@ class QueryTable:
                         if coverage.passed(epoch, seq):  # no later write of the source is in a page
                             del live.skip[source]
                             if not live.skip:
-                                caught_up = [live] if caught_up is None else caught_up + [live]
+                                if caught_up is None:
+                                    caught_up = []
+                                caught_up.append(live)
                         if covered:
                             continue
                 outputs += self._matches(live, self._changes(query, before, after, operation, matched), meta)

@@ -7,15 +7,12 @@ tried and not kept)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from router.bench.wire import client_frame
-
 ROOT = Path(__file__).resolve().parents[2]
-FRAMES, SIZE = 4000, 4096  # 16 MiB: more than the kernel's buffers on loopback take
+FRAMES, SIZE = 16_000, 4096  # 64 MiB: far more than the kernel's buffers on loopback take
 
 # A child process floods the server, then ends its connection as the load generator does, and exits.
 CHILD = textwrap.dedent("""
@@ -38,11 +35,12 @@ CHILD = textwrap.dedent("""
 
 
 class Server(asyncio.Protocol):
-    """Upgrades, reads nothing for a while (as a gateway holding a flooding connection), then
-    counts the data frames' bytes up to the client's close frame and answers it."""
+    """Upgrades, reads nothing until told to (as a gateway that paused its reads), then counts the
+    data frames' bytes up to the client's close frame and answers it."""
 
     def __init__(self, done: asyncio.Future) -> None:
         self.done, self.buffer, self.upgraded, self.received = done, bytearray(), False, 0
+        self.paused = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -58,7 +56,7 @@ class Server(asyncio.Protocol):
                                  b"Sec-WebSocket-Accept: x\r\n\r\n")
             self.upgraded = True
             self.transport.pause_reading()
-            asyncio.get_running_loop().call_later(1.0, self.transport.resume_reading)
+            self.paused.set_result(None)
         buffer, position = self.buffer, 0
         while len(buffer) - position >= 2:
             opcode, length = buffer[position] & 0x0F, buffer[position + 1] & 0x7F
@@ -89,7 +87,14 @@ async def received_when_the_client_exits(wait: bool) -> int:
     port = listener.sockets[0].getsockname()[1]
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CHILD.format(root=str(ROOT), port=port, size=SIZE, frames=FRAMES, wait=wait))
-    await asyncio.wait_for(child.wait(), 60)
+    await asyncio.wait_for(server.paused, 60)
+    if wait:  # the child waits for the server's close: read on once it has written (or buffered) all
+        await asyncio.sleep(0.5)
+        server.transport.resume_reading()
+        await asyncio.wait_for(child.wait(), 60)
+    else:  # read nothing until the child has ended
+        await asyncio.wait_for(child.wait(), 60)
+        server.transport.resume_reading()
     await asyncio.wait_for(done, 60)
     listener.close()
     return server.received

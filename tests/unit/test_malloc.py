@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -44,8 +45,9 @@ PROBE = textwrap.dedent("""
 
 def growth(tuned: bool) -> float:
     root = str(Path(__file__).resolve().parents[2])
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
     done = subprocess.run([sys.executable, "-c", PROBE.format(root=root, tuned=tuned)], capture_output=True,
-                          text=True, timeout=60, check=True)
+                          text=True, timeout=60, check=True, env=environment)  # glibc's own defaults
     return float(done.stdout)
 
 
