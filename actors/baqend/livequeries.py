@@ -337,15 +337,17 @@ class QueryTable:
             return document, document is not None and (visible is None or visible(document))
 
         changes = resync(known.entries, known.since, query.result(), query.is_sorted, lookup)
-        return self._matches(live, changes, None)
+        outputs: list[Output] = []
+        self._emit(outputs, live, self._answer(query, changes), None)
+        return outputs
 
-    def _matches(self, live: LiveQuery, changes: list[Event], meta: tuple | None) -> list[Output]:
-        """The ``Matches`` of ``changes`` (nothing if none)."""
-        events, view = self._answer(live.query, changes)
-        if not events and not view:
-            return []
-        self.events += len(events)
-        return [(live.route, Matches(live.key, events, meta, view))]
+    def _emit(self, outputs: list[Output], live: LiveQuery, answer: tuple[list[dict], list | None],
+              meta: tuple | None) -> None:
+        """The subscription's ``Matches`` of an :meth:`_answer`, if it holds anything."""
+        events, view = answer
+        if events or view:
+            self.events += len(events)
+            outputs.append((live.route, Matches(live.key, events, meta, view)))
 
     @staticmethod
     def _answer(query: RealtimeQuery, changes: list[Event]) -> tuple[list[dict], list | None]:
@@ -413,24 +415,21 @@ class QueryTable:
                     if answer is None:
                         answer = shared[state] = self._answer(query, self._changes(query, before, after, operation,
                                                                                    matched))
-                    events, view = answer
-                    if events or view:
-                        self.events += len(events)
-                        outputs.append((live.route, Matches(live.key, events, meta, view)))
-                    continue
-                if live.skip:
-                    coverage = live.skip.get(source)
-                    if coverage is not None:
-                        covered = coverage.covers(_object_id(before, after), epoch, seq)
-                        if coverage.passed(epoch, seq):  # no later write of the source is in a page
-                            del live.skip[source]
-                            if not live.skip:
-                                if caught_up is None:
-                                    caught_up = []
-                                caught_up.append(live)
-                        if covered:
-                            continue
-                outputs += self._matches(live, self._changes(query, before, after, operation, matched), meta)
+                else:
+                    if live.skip:
+                        coverage = live.skip.get(source)
+                        if coverage is not None:
+                            covered = coverage.covers(_object_id(before, after), epoch, seq)
+                            if coverage.passed(epoch, seq):  # no later write of the source is in a page
+                                del live.skip[source]
+                                if not live.skip:
+                                    if caught_up is None:
+                                        caught_up = []
+                                    caught_up.append(live)
+                            if covered:
+                                continue
+                    answer = self._answer(query, self._changes(query, before, after, operation, matched))
+                self._emit(outputs, live, answer, meta)
             if caught_up is not None:  # after the write reached every query: all have seen the same
                 for live in caught_up:
                     self._share(live)
