@@ -100,8 +100,7 @@ class RealtimeQuery:
         # What a document must satisfy to be in the result: one object for every query of the
         # same text and the same ``visible`` check (:func:`_compile` and :func:`_restricted` share
         # them), so a caller matching one write against many queries tests it once per predicate.
-        self.predicate = matches if visible is None else _restricted(matches, visible,
-                                                                     text is not None and _shared.get(text) is matches)
+        self.predicate = matches if visible is None else _restricted(matches, visible, text)
         spec = _sort_spec(sort)
         self.offset = _offset(offset)
         requested_limit = _limit(limit)
@@ -365,8 +364,10 @@ def _compile(query: Any) -> tuple[Callable[[Document], bool], bytes | None]:
 
 
 def _restricted(matches: Callable[[Document], bool], visible: Callable[[Document], bool],
-                shared: bool) -> Callable[[Document], bool]:
-    """``matches`` and ``visible`` both; one object for the same two when ``matches`` is shared."""
+                text: bytes | None) -> Callable[[Document], bool]:
+    """``matches`` and ``visible`` both; one object for the same two when ``matches`` is the shared
+    predicate of ``text``."""
+    shared = text is not None and _shared.get(text) is matches
     key = (matches, visible)
     predicate = _restricted_shared.get(key) if shared else None
     if predicate is None:
