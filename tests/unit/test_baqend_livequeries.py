@@ -275,6 +275,18 @@ SPECS = [
 ]
 
 
+def _planned(sources: list[Source], planned: tuple) -> tuple | None:
+    """A generated write as its source makes it: (source, operation, key, n, on, whether the
+    document exists), or None for a delete of a document that does not exist."""
+    action, key, n, on = planned
+    source = sources[int(key[1:]) % 2]
+    exists = source.table.get(f"/db/Todo/{key}") is not None
+    if action == "delete" and not exists:
+        return None
+    operation = "delete" if action == "delete" else ("update" if exists else "insert")
+    return source, operation, key, n, on, exists
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(write, max_size=40), st.integers(0, 40), st.integers(0, 40), st.sampled_from(range(len(SPECS))),
        st.integers(1, 3))
@@ -319,12 +331,10 @@ def test_live_window_after_random_writes_equals_rerunning_the_query(writes, subs
             read_pages()
         if planned is None:
             break
-        action, key, n, on = planned
-        source = sources[int(key[1:]) % 2]
-        exists = source.table.get(f"/db/Todo/{key}") is not None
-        if action == "delete" and not exists:
+        planned_write = _planned(sources, planned)
+        if planned_write is None:
             continue
-        operation = "delete" if action == "delete" else ("update" if exists else "insert")
+        source, operation, key, n, on, _ = planned_write
         item = source.write(operation, key, n=n, on=on)
         in_flight[source.index].append(item)
         if step % 3 == 0:
@@ -652,12 +662,10 @@ def test_shared_states_send_exactly_what_unshared_queries_send(writes, subscript
         read_pages()
         if planned is None:
             break
-        action, key, n, on = planned
-        source = sources[int(key[1:]) % 2]
-        exists = source.table.get(f"/db/Todo/{key}") is not None
-        if action == "delete" and not exists:
+        planned_write = _planned(sources, planned)
+        if planned_write is None:
             continue
-        operation = "delete" if action == "delete" else ("update" if exists else "insert")
+        source, operation, key, n, on, exists = planned_write
         fields = {"n": n, "on": on}
         if n == 6:  # only u1 may read it
             fields["acl"] = {"read": {"/db/User/u1": "allow"}, "write": {}}
