@@ -65,6 +65,7 @@ class Wire(Protocol):
     path: str
     query: str
     dropped: int
+    flushes: int  # how many times the connection wrote its corked frames (grows with every write)
     last_activity: float  # time.monotonic() of the last bytes received (pings included)
     compressed: bool  # permessage-deflate: a prebuilt frame is not written as it is (send_frame)
 

@@ -126,6 +126,7 @@ class Connection(asyncio.Protocol):
         self.compressed = False
         self.max_outbound = 8 << 20
         self.dropped = 0
+        self.flushes = 0  # writes of corked frames (a session reads it to tell whether it wrote anything)
         self.opened_at = time.monotonic()
         self.last_activity = self.opened_at
         self.closing_since: float | None = None
@@ -288,6 +289,7 @@ class Connection(asyncio.Protocol):
         if not corked:
             return
         self._corked, self._corked_bytes = [], 0
+        self.flushes += 1
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(corked[0] if len(corked) == 1 else b"".join(corked))

@@ -76,6 +76,22 @@ def room_of(topic: str) -> str:
     return topic.split("/")[1]
 
 
+def _index(index: dict[str, dict[int, "_Subscription"]], topic: str, connection_id: int,
+           sub: "_Subscription") -> None:
+    subs = index.get(topic)
+    if subs is None:
+        subs = index[topic] = {}
+    subs[connection_id] = sub
+
+
+def _unindex(index: dict[str, dict[int, "_Subscription"]], topic: str, connection_id: int) -> None:
+    subs = index.get(topic)
+    if subs is not None:
+        subs.pop(connection_id, None)
+        if not subs:
+            del index[topic]
+
+
 class NolagDialect(Dialect):
     name = DIALECT
 
@@ -91,8 +107,12 @@ class NolagDialect(Dialect):
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
-        # connection id -> its open session: what a fan-out looks its recipients up in
+        # connection id -> its open session
         self.by_connection: dict[int, NolagSession] = {}
+        # topic -> {connection id: subscription} of the sessions that are live (``NolagSession.live``):
+        # what a fan-out looks its recipients up in, one lookup each (kept by ``NolagSession._set_live``,
+        # ``_put_subscription`` and ``_drop_subscription``)
+        self.live_subs: dict[str, dict[int, _Subscription]] = {}
 
     async def key_store(self, call: Callable[[KeyStore], T]) -> T:
         """``call(store)`` in a worker thread, the store opened there on first use.
@@ -207,7 +227,8 @@ class NolagDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position", "may_publish")
+    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position", "may_publish",
+                 "session", "wire")
 
     def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
         self.topic, self.qos, self.filters, self.load_balance, self.group = topic, qos, filters, load_balance, group
@@ -217,6 +238,10 @@ class _Subscription:
         # window's positions take it up in NolagSession.positions_now.
         self.position = 0
         self.may_publish = False  # the key's publish patterns were seen to allow the topic (the key never changes)
+        # Its session and that session's wire, set when the session holds it: what the fan-out
+        # writes to, found by one lookup in ``NolagDialect.live_subs``.
+        self.session: NolagSession | None = None
+        self.wire: Any = None
 
     def record(self) -> SubscriptionRecord:
         return SubscriptionRecord(self.qos, self.filters, self.load_balance, self.group)
@@ -239,7 +264,8 @@ class NolagSession(DialectSession):
     def __init__(self, dialect: NolagDialect, wire: Wire) -> None:
         super().__init__(dialect, wire)
         self.opened = time.monotonic()
-        self.last_sent = self.opened
+        self.last_sent = self.opened  # what this session wrote itself; a fan-out's writes are seen in on_tick
+        self.flushes_seen = 0  # the wire's flushes at the last tick
         self.key: KeyRecord | None = None
         self.actor = ""
         self.project = ""
@@ -284,7 +310,27 @@ class NolagSession(DialectSession):
 
     def _relive(self) -> None:
         """After ``closed``, ``replaying`` or ``gated`` changed: whether live messages go straight out."""
-        self.live = self.subs if not self.closed and self.replaying is None and not self.gated else _NOT_LIVE
+        self._set_live(not self.closed and self.replaying is None and not self.gated)
+
+    def _set_live(self, live: bool) -> None:
+        """``live`` is ``subs`` (or not), and the dialect's index of live subscriptions follows."""
+        subs = self.subs
+        if (self.live is subs) == live:
+            return
+        self.live = subs if live else _NOT_LIVE
+        index, connection_id = self.dialect.live_subs, self.wire.id
+        for topic, sub in subs.items():
+            if live:
+                _index(index, topic, connection_id, sub)
+            else:
+                _unindex(index, topic, connection_id)
+
+    def _put_subscription(self, sub: _Subscription) -> None:
+        """``sub`` is this session's subscription to its topic (a new one, or in place of the old)."""
+        sub.session, sub.wire = self, self.wire
+        self.subs[sub.topic] = sub
+        if self.live is self.subs:
+            _index(self.dialect.live_subs, sub.topic, self.wire.id, sub)
 
     # -- frames in ------------------------------------------------------------------------------
 
@@ -609,7 +655,7 @@ class NolagSession(DialectSession):
         fresh = old is None
         if old is not None:
             sub.position = old.position
-        self.subs[topic] = sub
+        self._put_subscription(sub)
         key = topic_key(self.project, topic)
         self._ask(key, nolag.subscribe(key, self.wire.id, self.actor, sub.filters, sub.qos, sub.group), done,
                   failures=True)  # answers the topic's position
@@ -634,6 +680,8 @@ class NolagSession(DialectSession):
         """The connection no longer has ``topic``: on its topic shard, in its window, on its session
         shard (a reconnect does not restore it), in its rooms."""
         del self.subs[topic]
+        if self.live is self.subs:
+            _unindex(self.dialect.live_subs, topic, self.wire.id)
         key = topic_key(self.project, topic)
         self._ask(key, nolag.unsubscribe(key, self.wire.id), None)
         self.qos.left(topic)
@@ -724,7 +772,7 @@ class NolagSession(DialectSession):
             window.recording.add(msg_id)
             self.to_record.append((msg_id, item.topic, item.ts_ms))
             self.gated.append(item)
-            self.live = _NOT_LIVE
+            self._set_live(False)
             if not self.record_scheduled and not self.recording:
                 self.record_scheduled = True
                 asyncio.get_running_loop().call_soon(self._record)
@@ -757,22 +805,19 @@ class NolagSession(DialectSession):
         if qos != 0 and msg_id is not None:
             self._fan_out_acked(payload, connection_ids, gateway)
             return
-        sessions = self.dialect.by_connection
+        live = self.dialect.live_subs.get(topic, _NOT_LIVE)
         frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
         wire_frame = frame_header(_BINARY, len(frame)) + frame
         others: list[int] | None = None  # not written here: the rest of the group
         refused: list[int] | None = None  # live, but the socket did not take the frame
-        now = time.monotonic()
         for connection_id in connection_ids:
-            session = sessions.get(connection_id)
-            sub = None if session is None else session.live.get(topic)
+            sub = live.get(connection_id)
             if sub is None:
                 if others is None:
                     others = []
                 others.append(connection_id)
                 continue
-            session.last_sent = now
-            if session.wire.send_frame(wire_frame, _BINARY, frame):
+            if sub.wire.send_frame(wire_frame, 2, frame):  # 2: a binary frame
                 if ts_ms > sub.position:  # the topic's position (see positions_now)
                     sub.position = ts_ms
             else:
@@ -788,7 +833,7 @@ class NolagSession(DialectSession):
         rest (a QoS 0 subscription, QoS 2 on both sides, not live) go through :meth:`_fan_out_others`
         after it."""
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
-        sessions = self.dialect.by_connection
+        live = self.dialect.live_subs.get(topic, _NOT_LIVE)
         frame = codec.message_packed(topic, packed, msg_id, True, False, filter_, None, ts_ms)
         wire_frame = frame_header(_BINARY, len(frame)) + frame
         now = time.monotonic()
@@ -800,22 +845,20 @@ class NolagSession(DialectSession):
         refused: list[int] | None = None
         out: list[int] | None = None  # out already, waiting for its ack: not written again
         for connection_id in connection_ids:
-            session = sessions.get(connection_id)
-            sub = None if session is None else session.live.get(topic)
+            sub = live.get(connection_id)
             if sub is None or sub.qos == 0 or (qos == 2 and sub.qos == 2):
                 if others is None:
                     others = []
                 others.append(connection_id)
                 continue
-            window = session.qos
+            window = sub.session.qos
             unacked = window.unacked
             if msg_id in unacked:  # QosWindow.deliverable
                 if out is None:
                     out = []
                 out.append(connection_id)
                 continue
-            session.last_sent = now
-            if session.wire.send_frame(wire_frame, _BINARY, frame):
+            if sub.wire.send_frame(wire_frame, 2, frame):  # 2: a binary frame
                 if ts_ms > sub.position:  # the topic's position (see positions_now)
                     sub.position = ts_ms
                 if len(unacked) < window.max_unacked:  # QosWindow.track, inlined: the hot path
@@ -996,6 +1039,10 @@ class NolagSession(DialectSession):
             return
         if self.key is None:
             return
+        flushes = self.wire.flushes
+        if flushes != self.flushes_seen:  # written since the last tick (a fan-out does not stamp last_sent)
+            self.flushes_seen = flushes
+            self.last_sent = now
         if now - self.last_sent > config.heartbeat_interval_s:
             self._send(HEARTBEAT)
         # unacked ones, once the connection acks (and frames the socket did not take)
@@ -1031,7 +1078,7 @@ class NolagSession(DialectSession):
         self.wire.close(code, reason)
 
     def released(self) -> None:
-        self.live = _NOT_LIVE
+        self._set_live(False)
         if self.dialect.by_connection.get(self.wire.id) is self:
             del self.dialect.by_connection[self.wire.id]
         for task in self.tasks:

@@ -10,6 +10,8 @@ import itertools
 from typing import Any
 
 import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateways.nolag.config import NolagConfig
 from gateways.nolag.session import NolagDialect, NolagSession, _Item, _Subscription
@@ -50,6 +52,7 @@ class Wire:
     def __init__(self, takes: bool = True) -> None:
         self.id = next(self.ids)
         self.remote, self.path, self.query, self.dropped, self.last_activity = "127.0.0.1", "/ws", "", 0, 0.0
+        self.flushes = 0
         self.takes = takes  # False: a socket over its outbound limit
         self.frames: list[dict] = []
         self.session: Any = None
@@ -57,7 +60,7 @@ class Wire:
     def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
         assert frame == frame_header(opcode, len(payload)) + payload  # the frame is the payload's
         if self.takes:
-            self.frames.append(msgpack.unpackb(payload))
+            self.frames.append(msgpack.unpackb(payload) if payload else b"")  # b"": a heartbeat
         return self.takes
 
     def send_binary(self, payload: bytes) -> bool:
@@ -69,7 +72,7 @@ def connect(gateway: Gateway, dialect: NolagDialect, qos: int | None, takes: boo
     wire = Wire(takes)
     session = dialect.new_session(wire, [])
     if qos is not None:
-        session.subs[TOPIC] = _Subscription(TOPIC, qos, (), False, None)
+        session._put_subscription(_Subscription(TOPIC, qos, (), False, None))
     wire.session = session
     gateway.connections[wire.id] = wire
     return session
@@ -325,3 +328,94 @@ def test_the_live_positions_reach_a_restarted_shard_and_the_last_checkpoint():
     session.release()
     checkpoints = [command for command in shards.sent if command[0] == nolag.Op.ACTOR_CHECKPOINT]
     assert checkpoints and checkpoints[-1][2] == {TOPIC: 51}
+
+
+# -- the dialect's index of live subscriptions ----------------------------------------------------
+
+TOPICS = (TOPIC, "app/room/other")
+
+
+def derived_index(dialect: NolagDialect, sessions: list[NolagSession]) -> dict[str, dict[int, _Subscription]]:
+    """What ``live_subs`` must hold: every subscription of every session that is live."""
+    index: dict[str, dict[int, _Subscription]] = {}
+    for session in sessions:
+        if not session.closed and session.replaying is None and not session.gated:
+            for topic, sub in session.subs.items():
+                index.setdefault(topic, {})[session.wire.id] = sub
+    return index
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["subscribe", "unsubscribe", "replay", "replayed", "gate", "recorded",
+                                           "release"]),
+                          st.integers(0, 2), st.sampled_from(TOPICS), st.integers(0, 2)), max_size=30))
+def test_the_index_of_live_subscriptions_is_always_what_the_sessions_hold(steps: list[tuple[str, int, str, int]]):
+    """Subscriptions made, replaced and dropped while sessions replay, wait for a record and
+    close, in any order: after every step the index is the live sessions' subscriptions, each the
+    session's own object, and a fan-out writes to exactly those of its topic."""
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig())
+    sessions = [connect(gateway, dialect, None) for _ in range(3)]
+    for session in sessions:
+        session._ask = lambda *args, **kwargs: None  # nothing reaches a shard
+        session._ask_session = lambda command, on_result: None
+        session.recording = True  # a record is out: a QoS 2 message waits until "recorded"
+    ts = itertools.count(1)
+    for step, (what, which, topic, qos) in enumerate(steps):
+        session = sessions[which]
+        if what == "subscribe" and not session.closed:
+            session._add_subscription(_Subscription(topic, qos, (), False, None), None)
+        elif what == "unsubscribe" and topic in session.subs and not session.closed:
+            session._drop_subscription(topic)
+        elif what == "replay" and not session.closed and session.replaying is None:
+            session.replaying = []
+            session._relive()
+        elif what == "replayed" and session.replaying is not None:
+            session._end_replay([])
+        elif what == "gate" and not session.closed and TOPIC in session.subs:
+            session._deliver(_Item(TOPIC, msgpack.packb({}), f"q{step}", 2, None, next(ts), META, False))
+        elif what == "recorded" and session.gated:
+            session.qos.recording.clear()
+            session._release()
+        elif what == "release":
+            session.release()
+        assert dialect.live_subs == derived_index(dialect, sessions)
+        for topic_subs in dialect.live_subs.values():
+            for connection_id, sub in topic_subs.items():
+                assert sub.wire.id == connection_id and sub.session.subs[sub.topic] is sub
+    for topic in TOPICS:
+        before = {session.wire.id: len(session.wire.frames) for session in sessions}
+        sessions[0].fan_out((topic, msgpack.packb({}), None, 0, None, next(ts), "actor", META),
+                            tuple(session.wire.id for session in sessions), gateway)
+        written = {session.wire.id for session in sessions if len(session.wire.frames) > before[session.wire.id]}
+        live = set(derived_index(dialect, sessions).get(topic, {}))
+        assert live <= written  # the live ones in the loop; the others through on_event (held or dropped)
+        assert all(session.wire.id in live or session.replaying is not None or session.gated
+                   for session in sessions if session.wire.id in written and not session.closed) is True
+
+
+def test_a_connection_the_fan_out_writes_to_gets_no_heartbeat_and_one_written_to_by_nobody_does():
+    """The live loops do not stamp the session's ``last_sent``: a tick sees the connection's writes
+    (``flushes``) instead, so the heartbeat goes only after ``heartbeat_interval_s`` of nothing."""
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(heartbeat_interval_s=30))
+    session = connect(gateway, dialect, 0)
+    session.key = object()  # authenticated
+    session._ask_session = lambda command, on_result: None  # its checkpoints reach no shard
+    t0 = session.last_sent
+    heartbeats = lambda: session.wire.frames.count(b"")  # noqa: E731
+
+    session.fan_out(message(None, 0, 1), (session.wire.id,), gateway)
+    session.wire.flushes += 1  # the server wrote the turn's frames
+    session.wire.last_activity = t0 + 100  # the client is alive
+    session.on_tick(t0 + 25)  # the write seen here
+    session.on_tick(t0 + 50)
+    assert heartbeats() == 0 and len(session.wire.frames) == 1
+    session.on_tick(t0 + 56)  # 31 s after the tick that saw the write
+    assert heartbeats() == 1
+    session.wire.flushes += 1  # the heartbeat's own write
+    session.on_tick(t0 + 57)
+    session.on_tick(t0 + 86)
+    assert heartbeats() == 1
+    session.on_tick(t0 + 88)
+    assert heartbeats() == 2

@@ -84,7 +84,7 @@ class Wire:
 
     def __init__(self) -> None:
         self.id = next(self.ids)
-        self.remote, self.path, self.query, self.dropped = "127.0.0.1", "/ws", "", 0
+        self.remote, self.path, self.query, self.dropped, self.flushes = "127.0.0.1", "/ws", "", 0, 0
         self.last_activity = time.monotonic()
         self.frames: list[Any] = []  # decoded maps; b"" for a heartbeat
         self.closed: tuple[int, str] | None = None
