@@ -109,10 +109,15 @@ class NolagDialect(Dialect):
         self.redelivered = 0
         # connection id -> its open session
         self.by_connection: dict[int, NolagSession] = {}
-        # topic -> {connection id: subscription} of the sessions that are live (``NolagSession.live``):
-        # what a fan-out looks its recipients up in, one lookup each (kept by ``NolagSession._set_live``,
-        # ``_put_subscription`` and ``_drop_subscription``)
+        # topic -> {connection id: subscription} of the open sessions that are not replaying: what a
+        # fan-out looks its recipients up in, one lookup each (kept by ``NolagSession._relive``,
+        # ``_put_subscription`` and ``_drop_subscription``). A session joins or leaves it at a
+        # reconnect's replay and at its close, all its subscriptions at once.
         self.live_subs: dict[str, dict[int, _Subscription]] = {}
+        # Connection ids of the sessions in it whose writes wait behind a QoS 2 record (``gated``):
+        # not written by a fan-out's loop. Apart from the index, since a session enters and leaves
+        # this state once per QoS 2 message: one set operation each, whatever its subscriptions.
+        self.gated_ids: set[int] = set()
 
     async def key_store(self, call: Callable[[KeyStore], T]) -> T:
         """``call(store)`` in a worker thread, the store opened there on first use.
@@ -238,7 +243,7 @@ class _Subscription:
         # window's positions take it up in NolagSession.positions_now.
         self.position = 0
         self.may_publish = False  # the key's publish patterns were seen to allow the topic (the key never changes)
-        # Its session and that session's wire, set when the session holds it: what the fan-out
+        # Its session and that session's wire, set when the session holds it: what a fan-out
         # writes to, found by one lookup in ``NolagDialect.live_subs``.
         self.session: NolagSession | None = None
         self.wire: Any = None
@@ -273,8 +278,9 @@ class NolagSession(DialectSession):
         self.bucket = TokenBucket(self.config.rate_limit_per_s, self.config.rate_limit_per_s, self.opened)
         self.subs: dict[str, _Subscription] = {}
         # ``subs`` itself while a live message may be written at once (open, no replay in progress,
-        # nothing gated), else an empty dict: a fan-out's one test (kept by :meth:`_relive`).
+        # nothing gated), else an empty dict (kept by :meth:`_relive`).
         self.live: dict[str, _Subscription] = self.subs
+        self.indexed = True  # its subscriptions are in the dialect's ``live_subs`` (open, not replaying)
         self.rooms: dict[str, int] = {}  # rooms this connection is in through its subscriptions
         self.lobbies: set[str] = set()
         config = self.config
@@ -309,27 +315,30 @@ class NolagSession(DialectSession):
         return positions
 
     def _relive(self) -> None:
-        """After ``closed``, ``replaying`` or ``gated`` changed: whether live messages go straight out."""
-        self._set_live(not self.closed and self.replaying is None and not self.gated)
-
-    def _set_live(self, live: bool) -> None:
-        """``live`` is ``subs`` (or not), and the dialect's index of live subscriptions follows."""
-        subs = self.subs
-        if (self.live is subs) == live:
-            return
-        self.live = subs if live else _NOT_LIVE
-        index, connection_id = self.dialect.live_subs, self.wire.id
-        for topic, sub in subs.items():
-            if live:
-                _index(index, topic, connection_id, sub)
-            else:
-                _unindex(index, topic, connection_id)
+        """After ``closed``, ``replaying`` or ``gated`` changed: whether live messages go straight
+        out, and the dialect's index (``live_subs``, ``gated_ids``) as the fan-out reads it."""
+        dialect, connection_id = self.dialect, self.wire.id
+        open_ = not self.closed
+        indexed = open_ and self.replaying is None
+        self.live = self.subs if indexed and not self.gated else _NOT_LIVE
+        if open_ and self.gated:
+            dialect.gated_ids.add(connection_id)
+        else:
+            dialect.gated_ids.discard(connection_id)
+        if indexed != self.indexed:
+            self.indexed = indexed
+            index = dialect.live_subs
+            for topic, sub in self.subs.items():
+                if indexed:
+                    _index(index, topic, connection_id, sub)
+                else:
+                    _unindex(index, topic, connection_id)
 
     def _put_subscription(self, sub: _Subscription) -> None:
         """``sub`` is this session's subscription to its topic (a new one, or in place of the old)."""
         sub.session, sub.wire = self, self.wire
         self.subs[sub.topic] = sub
-        if self.live is self.subs:
+        if self.indexed:
             _index(self.dialect.live_subs, sub.topic, self.wire.id, sub)
 
     # -- frames in ------------------------------------------------------------------------------
@@ -680,7 +689,7 @@ class NolagSession(DialectSession):
         """The connection no longer has ``topic``: on its topic shard, in its window, on its session
         shard (a reconnect does not restore it), in its rooms."""
         del self.subs[topic]
-        if self.live is self.subs:
+        if self.indexed:
             _unindex(self.dialect.live_subs, topic, self.wire.id)
         key = topic_key(self.project, topic)
         self._ask(key, nolag.unsubscribe(key, self.wire.id), None)
@@ -772,7 +781,7 @@ class NolagSession(DialectSession):
             window.recording.add(msg_id)
             self.to_record.append((msg_id, item.topic, item.ts_ms))
             self.gated.append(item)
-            self._set_live(False)
+            self._relive()
             if not self.record_scheduled and not self.recording:
                 self.record_scheduled = True
                 asyncio.get_running_loop().call_soon(self._record)
@@ -805,14 +814,15 @@ class NolagSession(DialectSession):
         if qos != 0 and msg_id is not None:
             self._fan_out_acked(payload, connection_ids, gateway)
             return
-        live = self.dialect.live_subs.get(topic, _NOT_LIVE)
+        dialect = self.dialect
+        live, gated = dialect.live_subs.get(topic, _NOT_LIVE), dialect.gated_ids
         frame = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
         wire_frame = frame_header(_BINARY, len(frame)) + frame
         others: list[int] | None = None  # not written here: the rest of the group
         refused: list[int] | None = None  # live, but the socket did not take the frame
         for connection_id in connection_ids:
             sub = live.get(connection_id)
-            if sub is None:
+            if sub is None or (gated and connection_id in gated):
                 if others is None:
                     others = []
                 others.append(connection_id)
@@ -833,7 +843,8 @@ class NolagSession(DialectSession):
         rest (a QoS 0 subscription, QoS 2 on both sides, not live) go through :meth:`_fan_out_others`
         after it."""
         topic, packed, msg_id, qos, filter_, ts_ms, _, meta = payload
-        live = self.dialect.live_subs.get(topic, _NOT_LIVE)
+        dialect = self.dialect
+        live, gated = dialect.live_subs.get(topic, _NOT_LIVE), dialect.gated_ids
         frame = codec.message_packed(topic, packed, msg_id, True, False, filter_, None, ts_ms)
         wire_frame = frame_header(_BINARY, len(frame)) + frame
         now = time.monotonic()
@@ -846,7 +857,7 @@ class NolagSession(DialectSession):
         out: list[int] | None = None  # out already, waiting for its ack: not written again
         for connection_id in connection_ids:
             sub = live.get(connection_id)
-            if sub is None or sub.qos == 0 or (qos == 2 and sub.qos == 2):
+            if sub is None or sub.qos == 0 or (qos == 2 and sub.qos == 2) or (gated and connection_id in gated):
                 if others is None:
                     others = []
                 others.append(connection_id)
@@ -1078,7 +1089,7 @@ class NolagSession(DialectSession):
         self.wire.close(code, reason)
 
     def released(self) -> None:
-        self._set_live(False)
+        self._relive()  # closed: out of the fan-out's index
         if self.dialect.by_connection.get(self.wire.id) is self:
             del self.dialect.by_connection[self.wire.id]
         for task in self.tasks:
