@@ -65,7 +65,7 @@ class Wire(Protocol):
     path: str
     query: str
     dropped: int
-    flushes: int  # how many times the connection wrote its corked frames (grows with every write)
+    flushes: int  # how many times the connection wrote data frames (corked ones count once per write)
     last_activity: float  # time.monotonic() of the last bytes received (pings included)
     compressed: bool  # permessage-deflate: a prebuilt frame is not written as it is (send_frame)
 

@@ -107,8 +107,6 @@ class NolagDialect(Dialect):
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
-        # connection id -> its open session
-        self.by_connection: dict[int, NolagSession] = {}
         # topic -> {connection id: subscription} of the open sessions that are not replaying: what a
         # fan-out looks its recipients up in, one lookup each (kept by ``NolagSession._relive``,
         # ``_put_subscription`` and ``_drop_subscription``). A session joins or leaves it at a
@@ -303,7 +301,6 @@ class NolagSession(DialectSession):
         self.waiting_bytes = 0
         self.last_checkpoint = 0.0
         self.checkpointed: tuple | None = None  # what the session shard was last told
-        dialect.by_connection[wire.id] = self
 
     def positions_now(self) -> dict[str, int]:
         """The window's positions, with what the fan-out's live loop wrote on each subscription
@@ -1090,8 +1087,6 @@ class NolagSession(DialectSession):
 
     def released(self) -> None:
         self._relive()  # closed: out of the fan-out's index
-        if self.dialect.by_connection.get(self.wire.id) is self:
-            del self.dialect.by_connection[self.wire.id]
         for task in self.tasks:
             task.cancel()
         if self.key is None:

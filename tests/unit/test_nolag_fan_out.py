@@ -198,7 +198,7 @@ def test_live_follows_a_gated_write_a_replay_and_the_close_and_keeps_their_order
     dialect = NolagDialect(gateway, NolagConfig())
     session = connect(gateway, dialect, 2)
     ids = (session.wire.id,)
-    assert session.live is session.subs and dialect.by_connection[session.wire.id] is session
+    assert session.live is session.subs and dialect.live_subs[TOPIC][session.wire.id] is session.subs[TOPIC]
 
     # a QoS 2 message waits for its record, and a plain one behind it waits too
     session.recording = True  # a record is out already: this one queues behind it
@@ -224,7 +224,7 @@ def test_live_follows_a_gated_write_a_replay_and_the_close_and_keeps_their_order
 
     # closed: nothing more, and the dialect forgets it
     session.release()
-    assert session.live == {} and session.wire.id not in dialect.by_connection
+    assert session.live == {} and TOPIC not in dialect.live_subs and dialect.gated_ids == set()
     session.fan_out(message(None, 0, 5), ids, gateway)
     assert len(session.wire.frames) == 4
 

@@ -1,0 +1,69 @@
+"""``Connection.flushes``: a NoLag session decides on a heartbeat by whether its connection wrote
+since the last tick (a fan-out writes without the session). Each write of data frames counts:
+the corked ones once per write, a compressed connection's at each frame; a refused frame and an
+empty flush do not."""
+
+from __future__ import annotations
+
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from gateways.server import Connection, frame_header
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+class Gateway:
+    def __init__(self) -> None:
+        self.corked: list[Connection] = []
+
+    def cork(self, connection: Connection) -> None:
+        self.corked.append(connection)
+
+
+def open_connection(compressed: bool) -> Connection:
+    connection = Connection(Gateway(), None)  # type: ignore[arg-type]
+    connection.ws = ServerProtocol()
+    connection.ws.state = State.OPEN
+    connection.transport = Transport()  # type: ignore[assignment]
+    connection.compressed = compressed
+    return connection
+
+
+FRAME = frame_header(0x2, 3) + b"abc"
+
+
+def test_corked_frames_count_once_per_write():
+    connection = open_connection(compressed=False)
+    assert connection.send_frame(FRAME, 0x2, b"abc") and connection.send_frame(FRAME, 0x2, b"abc")
+    assert connection.flushes == 0 and connection.transport.written == []
+    connection.flush()
+    assert connection.flushes == 1 and connection.transport.written == [FRAME + FRAME]
+    connection.flush()  # nothing corked: nothing written, nothing counted
+    assert connection.flushes == 1
+
+
+def test_a_compressed_connection_counts_each_frame_it_writes():
+    connection = open_connection(compressed=True)
+    assert connection.send_frame(FRAME, 0x2, b"abc")
+    assert connection.flushes == 1 and connection.transport.written == [FRAME]  # no extension agreed here
+
+
+def test_a_refused_frame_counts_nothing():
+    connection = open_connection(compressed=False)
+    connection.ws.state = State.CLOSING
+    assert connection.send_frame(FRAME, 0x2, b"abc") is False
+    connection.flush()
+    assert connection.flushes == 0 and connection.transport.written == []
