@@ -14,6 +14,7 @@ import os
 import ray
 
 from router.eventlog import EventLog, unpickle_slices
+from router.proc import keep_memory
 
 
 class EventLogWriter:
@@ -25,6 +26,10 @@ class EventLogWriter:
             os.nice(10)
         except OSError:
             pass
+        # What a flush's conversion frees stays here for the next one, not handed back to the
+        # system: on a VM that reports free memory to its host, handing it back paused the other
+        # processes (router.proc.keep_memory).
+        keep_memory()
         self.log = EventLog(directory, gateway_id, retention_hours=retention_hours)  # a folder or a URL
         self.log.warm_up().result()
 

@@ -79,6 +79,37 @@ BIG_BUFFER_BYTES = 1 << 20  # served by mmap and given back to the system when f
 TRIM_BYTES = 2 * BIG_BUFFER_BYTES  # free memory kept at the top of a heap (glibc keeps 2x the mmap threshold)
 
 
+KEPT_BUFFER_BYTES = 32 << 20  # glibc's largest mmap threshold: buffers below it come from the heaps
+KEPT_TOP_BYTES = 1 << 30  # free memory a heap keeps at its top before it trims
+
+
+def keep_memory() -> bool:
+    """Keep freed memory in this process instead of handing it back to the system (the event-log
+    writer). False off glibc.
+
+    The writer converts each flush with Arrow and numpy and frees it all again: megabytes a few
+    times a second. Given back to the kernel, those pages may go further: a VM whose kernel reports
+    free memory to its host (``page_reporting``, as on the machine of the README's runs) lets the host
+    take them, and the next process to touch them may wait for the host to give them back. The
+    Signal Hub latency case held a pause of 38-61 ms in nine runs of ten with the writer giving its
+    memory back, and in one of ten with it kept (docs/performance.md §7). Kept, the writer holds
+    about its largest flush's working memory. Arrow allocates from glibc too (its system pool), so
+    one setting covers both.
+    """
+    try:
+        import ctypes
+
+        import pyarrow as pa
+
+        libc = ctypes.CDLL("libc.so.6")
+        kept = bool(libc.mallopt(M_MMAP_THRESHOLD, KEPT_BUFFER_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
+                                                                                             KEPT_TOP_BYTES))
+    except (OSError, AttributeError):  # not glibc: its allocator's defaults stand
+        return False
+    pa.set_memory_pool(pa.system_memory_pool())
+    return kept
+
+
 def tune_malloc() -> bool:
     """Give a big buffer's memory back to the system as soon as it is freed. False off glibc.
 

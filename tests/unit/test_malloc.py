@@ -54,3 +54,41 @@ def growth(tuned: bool) -> float:
 def test_big_buffers_freed_in_a_thread_leave_the_process():
     assert growth(tuned=False) >= 12  # the allocator's own behaviour: what the tuning is for
     assert growth(tuned=True) < 1
+
+
+# In a fresh interpreter: four 8 MiB buffers allocated, written and freed, as the event-log writer
+# does with each flush; prints the resident set's growth in MiB after they are freed. (Arrow's
+# buffers come from the same glibc heaps once its pool is the system one: checked by name.)
+KEEP_PROBE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import pyarrow as pa
+    from router.proc import keep_memory
+    if {kept}:
+        assert keep_memory()
+        assert pa.default_memory_pool().backend_name == "system"
+
+    def rss():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096
+
+    MIB = 1 << 20
+    before = rss()
+    made = [b"x" * (8 * MIB) for _ in range(4)]
+    del made
+    print((rss() - before) / MIB)
+""")
+
+
+def kept_growth(kept: bool) -> float:
+    root = str(Path(__file__).resolve().parents[2])
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(("MALLOC_", "ARROW_"))}
+    done = subprocess.run([sys.executable, "-c", KEEP_PROBE.format(root=root, kept=kept)], capture_output=True,
+                          text=True, timeout=60, check=True, env=environment)
+    return float(done.stdout)
+
+
+def test_the_writer_keeps_what_it_frees():
+    """``keep_memory`` (the event-log writer): freed buffers stay in the process, Arrow's too."""
+    assert kept_growth(kept=False) < 2  # by default glibc hands buffers this big back on free
+    assert kept_growth(kept=True) >= 31  # kept: the 32 MiB stay resident, for the next flush
