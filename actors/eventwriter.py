@@ -9,12 +9,19 @@ files go to that node's data directory) and owned by the gateway, so it goes whe
 
 from __future__ import annotations
 
+import logging
 import os
 
 import ray
 
 from router.eventlog import EventLog, unpickle_slices
-from router.proc import keep_memory
+from router.proc import keep_memory, trim_memory
+
+logger = logging.getLogger(__name__)
+
+# A flush of more records than this (a backlog after a flood) is followed by a trim: the memory
+# kept for the next flush is about an ordinary flush's, not the largest one's.
+TRIM_AFTER_RECORDS = 500_000
 
 
 class EventLogWriter:
@@ -29,7 +36,8 @@ class EventLogWriter:
         # What a flush's conversion frees stays here for the next one, not handed back to the
         # system: on a VM that reports free memory to its host, handing it back paused the other
         # processes (router.proc.keep_memory).
-        keep_memory()
+        if not keep_memory():
+            logger.warning("event-log writer: not glibc; freed memory goes back to the system")
         self.log = EventLog(directory, gateway_id, retention_hours=retention_hours)  # a folder or a URL
         self.log.warm_up().result()
 
@@ -38,7 +46,12 @@ class EventLogWriter:
 
     def write_slices(self, payload: list[list[bytes]]) -> tuple[int, int]:
         """The gateway's buffers as pickled slices of records: ``[row slices, group slices]``."""
-        return self.log.write(unpickle_slices(payload[0]), unpickle_slices(payload[1]))
+        rows, groups = unpickle_slices(payload[0]), unpickle_slices(payload[1])
+        written = self.log.write(rows, groups)
+        if len(rows) + len(groups) > TRIM_AFTER_RECORDS:
+            del rows, groups
+            trim_memory()
+        return written
 
 
 EventLogWriterActor = ray.remote(num_cpus=0, max_restarts=0)(EventLogWriter)

@@ -92,9 +92,11 @@ def keep_memory() -> bool:
     free memory to its host (``page_reporting``, as on the machine of the README's runs) lets the host
     take them, and the next process to touch them may wait for the host to give them back. The
     Signal Hub latency case held a pause of 38-61 ms in nine runs of ten with the writer giving its
-    memory back, and in one of ten with it kept (docs/performance.md §7). Kept, the writer holds
-    about its largest flush's working memory. Arrow allocates from glibc too (its system pool), so
-    one setting covers both.
+    memory back, and in one of ten with it kept (docs/performance.md §7): a lead to the cause, not
+    a proof. Kept, the writer holds about its largest flush's working memory; after a flush far
+    larger than usual it trims (:func:`trim_memory`). Arrow's Python-level allocations come from
+    glibc too (its system pool); the Parquet writer's own buffers still come from Arrow's C++
+    default pool, chosen when pyarrow was imported.
     """
     try:
         import ctypes
@@ -108,6 +110,17 @@ def keep_memory() -> bool:
         return False
     pa.set_memory_pool(pa.system_memory_pool())
     return kept
+
+
+def trim_memory() -> bool:
+    """Hand the free memory of glibc's heaps back to the system now (after :func:`keep_memory`,
+    once an unusually large piece of work is done). False off glibc."""
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 def tune_malloc() -> bool:

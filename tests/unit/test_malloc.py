@@ -13,7 +13,7 @@ from pathlib import Path
 # does, three 4 MiB buffers and a small object allocated after them, the three freed. Prints the
 # growth of the resident set in MiB while the small object still stands above them in the heap.
 PROBE = textwrap.dedent("""
-    import sys, threading
+    import os, sys, threading
     sys.path.insert(0, {root!r})
     from router.proc import tune_malloc
     if {tuned}:
@@ -21,7 +21,7 @@ PROBE = textwrap.dedent("""
 
     def rss():
         with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * 4096
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     MIB = 1 << 20
     first = bytes(4 * MIB)
@@ -57,38 +57,48 @@ def test_big_buffers_freed_in_a_thread_leave_the_process():
 
 
 # In a fresh interpreter: four 8 MiB buffers allocated, written and freed, as the event-log writer
-# does with each flush; prints the resident set's growth in MiB after they are freed. (Arrow's
-# buffers come from the same glibc heaps once its pool is the system one: checked by name.)
+# does with each flush; prints the resident set's growth in MiB after they are freed, then after
+# ``trim_memory``. (Arrow's Python-level buffers come from the same glibc heaps once its pool is
+# the system one: checked by name.)
 KEEP_PROBE = textwrap.dedent("""
-    import sys
+    import ctypes, os, sys
     sys.path.insert(0, {root!r})
     import pyarrow as pa
-    from router.proc import keep_memory
+    from router.proc import keep_memory, trim_memory
     if {kept}:
         assert keep_memory()
         assert pa.default_memory_pool().backend_name == "system"
+    PAGE = os.sysconf("SC_PAGE_SIZE")
 
     def rss():
         with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * 4096
+            return int(statm.read().split()[1]) * PAGE
 
     MIB = 1 << 20
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # the heaps hold no free memory yet
     before = rss()
     made = [b"x" * (8 * MIB) for _ in range(4)]
     del made
-    print((rss() - before) / MIB)
+    freed = (rss() - before) / MIB
+    assert trim_memory()
+    print(freed, (rss() - before) / MIB)
 """)
 
 
-def kept_growth(kept: bool) -> float:
+def kept_growth(kept: bool) -> tuple[float, float]:
     root = str(Path(__file__).resolve().parents[2])
-    environment = {name: value for name, value in os.environ.items() if not name.startswith(("MALLOC_", "ARROW_"))}
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("MALLOC_", "ARROW_", "GLIBC_TUNABLES", "LD_PRELOAD"))}
     done = subprocess.run([sys.executable, "-c", KEEP_PROBE.format(root=root, kept=kept)], capture_output=True,
                           text=True, timeout=60, check=True, env=environment)
-    return float(done.stdout)
+    freed, trimmed = done.stdout.split()
+    return float(freed), float(trimmed)
 
 
-def test_the_writer_keeps_what_it_frees():
-    """``keep_memory`` (the event-log writer): freed buffers stay in the process, Arrow's too."""
-    assert kept_growth(kept=False) < 2  # by default glibc hands buffers this big back on free
-    assert kept_growth(kept=True) >= 31  # kept: the 32 MiB stay resident, for the next flush
+def test_the_writer_keeps_what_it_frees_until_it_trims():
+    """``keep_memory`` (the event-log writer): freed buffers stay in the process for the next
+    flush; ``trim_memory`` (after an unusually large flush) hands them back."""
+    assert kept_growth(kept=False)[0] < 2  # by default glibc hands buffers this big back on free
+    freed, trimmed = kept_growth(kept=True)
+    assert freed >= 31  # kept: the 32 MiB stay resident
+    assert trimmed < 2  # trimmed: back to the system
