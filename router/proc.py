@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import socket
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,25 @@ BIG_BUFFER_BYTES = 1 << 20  # served by mmap and given back to the system when f
 TRIM_BYTES = 2 * BIG_BUFFER_BYTES  # free memory kept at the top of a heap (glibc keeps 2x the mmap threshold)
 
 
+def _glibc() -> Any:
+    """glibc, for its allocator's calls (``mallopt``, ``malloc_trim``); None off glibc (musl, macOS)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt, libc.malloc_trim  # noqa: B018 - both exist only in glibc
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def _thresholds(mmap_bytes: int, trim_bytes: int) -> bool:
+    """glibc's mmap and trim thresholds; False off glibc (its allocator's defaults stand)."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_bytes)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
+
+
 KEPT_BUFFER_BYTES = 32 << 20  # glibc's largest mmap threshold: buffers below it come from the heaps
 KEPT_TOP_BYTES = 1 << 30  # free memory a heap keeps at its top before it trims
 
@@ -98,29 +118,19 @@ def keep_memory() -> bool:
     glibc too (its system pool); the Parquet writer's own buffers still come from Arrow's C++
     default pool, chosen when pyarrow was imported.
     """
-    try:
-        import ctypes
+    import pyarrow as pa
 
-        import pyarrow as pa
-
-        libc = ctypes.CDLL("libc.so.6")
-        kept = bool(libc.mallopt(M_MMAP_THRESHOLD, KEPT_BUFFER_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
-                                                                                             KEPT_TOP_BYTES))
-    except (OSError, AttributeError):  # not glibc: its allocator's defaults stand
+    if not _thresholds(KEPT_BUFFER_BYTES, KEPT_TOP_BYTES):
         return False
     pa.set_memory_pool(pa.system_memory_pool())
-    return kept
+    return True
 
 
 def trim_memory() -> bool:
     """Hand the free memory of glibc's heaps back to the system now (after :func:`keep_memory`,
     once an unusually large piece of work is done). False off glibc."""
-    try:
-        import ctypes
-
-        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
 
 
 def tune_malloc() -> bool:
@@ -135,11 +145,4 @@ def tune_malloc() -> bool:
     big frames returns to where it was. Buffers that big are rare (a frame's bytes, a batch), and
     one more mmap is cheap next to filling 1 MiB.
     """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
-                                                                                            TRIM_BYTES))
-    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator's defaults stand
-        return False
+    return _thresholds(BIG_BUFFER_BYTES, TRIM_BYTES)

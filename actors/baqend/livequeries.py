@@ -416,24 +416,32 @@ class QueryTable:
                         answer = shared[state] = self._answer(query, self._changes(query, before, after, operation,
                                                                                    matched))
                 else:
+                    covered = False
                     if live.skip:
-                        coverage = live.skip.get(source)
-                        if coverage is not None:
-                            covered = coverage.covers(_object_id(before, after), epoch, seq)
-                            if coverage.passed(epoch, seq):  # no later write of the source is in a page
-                                del live.skip[source]
-                                if not live.skip:
-                                    if caught_up is None:
-                                        caught_up = []
-                                    caught_up.append(live)
-                            if covered:
-                                continue
+                        covered, done = self._covered(live, source, before, after, epoch, seq)
+                        if done:
+                            caught_up = [live] if caught_up is None else caught_up + [live]
+                    if covered:
+                        continue
                     answer = self._answer(query, self._changes(query, before, after, operation, matched))
                 self._emit(outputs, live, answer, meta)
             if caught_up is not None:  # after the write reached every query: all have seen the same
                 for live in caught_up:
                     self._share(live)
         return outputs
+
+    @staticmethod
+    def _covered(live: LiveQuery, source: int, before: Any, after: Any, epoch: str, seq: int) -> tuple[bool, bool]:
+        """Whether a page of ``live``'s scan held this write of ``source`` already (skipped), and
+        whether it was the last write any page held, of every source (the query has caught up)."""
+        coverage = live.skip.get(source)
+        if coverage is None:
+            return False, False
+        covered = coverage.covers(_object_id(before, after), epoch, seq)
+        if coverage.passed(epoch, seq):  # no later write of the source is in a page
+            del live.skip[source]
+            return covered, not live.skip
+        return covered, False
 
     @staticmethod
     def _changes(query: RealtimeQuery, before: Any, after: Any, operation: str, matched: dict) -> list[Event]:

@@ -915,7 +915,6 @@ class NolagSession(DialectSession):
         plain_wire = b""  # it with its WebSocket header
         written: list[int] = []
         gone = 0
-        now = time.monotonic()
         for connection_id in connection_ids:
             wire = connections.get(connection_id)
             session = None if wire is None else wire.session
@@ -926,7 +925,6 @@ class NolagSession(DialectSession):
             if sub is None or sub.qos != 0:
                 session.on_event(payload)
                 continue
-            session.last_sent = now
             if plain is None:
                 plain = codec.message_packed(topic, packed, msg_id, False, False, filter_, None, ts_ms)
                 plain_wire = frame_header(_BINARY, len(plain)) + plain
