@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from router.shardmap import shard_index
+from tests.stopping import stop, thread_states, threads_stopped  # noqa: F401 (re-exported)
 
 HEAL_LIMIT_S = 5.0  # the issue's bound: from a kill until a new message reaches every old subscriber
 
@@ -37,33 +38,6 @@ def kill_shard(router: Any, kind: str, index: int = 0) -> tuple[float, str]:
 def owner(router: Any, kind: str, key: str) -> int:
     """The index of the shard of ``kind`` that holds ``key``."""
     return shard_index(key, len(router.shards[kind]))
-
-
-def thread_states(pid: int) -> list[str]:
-    """The state letter of each thread of ``pid`` (T: stopped)."""
-    states = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                states.append(stat.read().split(")")[-1].split()[0])
-        except OSError:
-            continue  # a thread that ended meanwhile
-    return states
-
-
-def threads_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped: SIGSTOP wakes one thread, which stops the others
-    only when it runs, so on a busy machine another one (a shard's lane) can still answer meanwhile."""
-    return all(state == "T" for state in thread_states(pid))
-
-
-def stop(pid: int, timeout: float = 10) -> None:
-    """SIGSTOP ``pid`` and return once every one of its threads is stopped."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while not threads_stopped(pid):
-        assert time.monotonic() < deadline, f"{pid} did not stop: {thread_states(pid)}"
-        time.sleep(0.005)
 
 
 class HealingTimes(dict):
