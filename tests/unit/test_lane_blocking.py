@@ -14,6 +14,7 @@ import time
 import pytest
 
 from router import lane
+from tests.stopping import stop
 from tests.unit.test_lane import _address, _Shard
 
 CALLER = "document-shard-0"
@@ -145,9 +146,11 @@ def test_a_lane_to_a_shard_whose_process_dies_mid_call_raises():
         blocking = lane.BlockingLane.connect(ours.recv(), CALLER, 5.0)
         blocking.send([("op", 1)])
         assert blocking.receive(_soon()) == ([("op", 1)], None)
-        os.kill(child.pid, signal.SIGSTOP)  # the next batch is sent but never answered ...
+        # The next batch is sent but never answered: SIGSTOP wakes one thread of the child, and the
+        # lane's thread could still answer until that one runs, so wait until every thread stopped.
+        stop(child.pid)
         blocking.send([("op", 2)])
-        os.kill(child.pid, signal.SIGKILL)  # ... because the process dies
+        os.kill(child.pid, signal.SIGKILL)  # and the process dies
         started = time.monotonic()
         with pytest.raises(ConnectionError):
             blocking.receive(_soon())
