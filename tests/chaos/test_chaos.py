@@ -41,7 +41,7 @@ from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.kills import HEAL_LIMIT_S, kill_shard
 from tests.e2e.mx_client import Consumer, Node
 from tests.e2e.nolag_client import Client as NoLagClient
-from tests.e2e.test_cli import READY_URL, ROUTER, Served
+from tests.e2e.test_cli import ROUTER, Served
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +67,7 @@ def routers(ray_runtime, tmp_path_factory):
     creator = Served([ROUTER, "serve", "--address", ray_runtime, "--namespace", NAMESPACE, "--port", "0"],
                      env={**_env(SETTINGS), "ROUTER_DATA_DIR": str(data_dir)})
     try:
-        creator.wait_for(r"router: ready", 120)
+        creator.signal_urls(1, 120)  # every endpoint printed: the scenario reads its URL from them
         joiner = start_router(port=0, gateways=2, data_dir=data_dir, **SETTINGS)
     except BaseException:
         creator.kill()
@@ -261,7 +261,7 @@ def test_every_kill_heals_in_under_5s_and_nothing_acknowledged_is_lost(routers):
         traffic.heal_times.clear()
         # Clients of the gateways that will die: their registrations must go with them.
         roamer = await _register(urls(joiner, "/signal")[1], "chaos/roamer")
-        (creator_url,) = [m for line in creator.lines for m in READY_URL.findall(line)]
+        (creator_url,) = creator.signal_urls(1, 10)
         stranded = await _register(creator_url, "chaos/stranded")
         for kind, count in SHARDS.items():
             for index in range(count):

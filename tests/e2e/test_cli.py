@@ -20,6 +20,7 @@ from tests.e2e.conftest import store_env
 ROOT = Path(__file__).resolve().parents[2]
 ROUTER = str(Path(sys.executable).with_name("router"))
 READY_URL = re.compile(r"signal\s+(ws://\S+)")
+HEALTH_LINE = re.compile(r"^\s+health\s+http://")
 
 
 class Served:
@@ -42,17 +43,30 @@ class Served:
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        """The first line matching ``pattern``, once the reading thread has it: a line the process
+        printed before it exited may still be on its way to ``lines``."""
         deadline = time.monotonic() + timeout
         compiled = re.compile(pattern)
         while time.monotonic() < deadline:
+            ended = self.process.poll() is not None and not self._reader.is_alive()  # before the look
             for line in list(self.lines):
                 match = compiled.search(line)
                 if match:
                     return match
-            if self.process.poll() is not None:
+            if ended:
                 break
             time.sleep(0.05)
         raise AssertionError(f"{pattern!r} not seen in {timeout}s; output:\n" + "\n".join(self.lines))
+
+    def signal_urls(self, gateways: int, timeout: float) -> list[str]:
+        """The Signal Hub URLs ``router serve`` printed, once all of them are: it prints
+        ``router: ready`` first, then each gateway's endpoints, a health line last."""
+        self.wait_for(r"router: ready", timeout)
+        deadline = time.monotonic() + timeout
+        while sum(bool(HEALTH_LINE.match(line)) for line in list(self.lines)) < gateways:
+            assert time.monotonic() < deadline and self.process.poll() is None, "\n".join(self.lines)
+            time.sleep(0.05)
+        return [m for line in list(self.lines) for m in READY_URL.findall(line)]
 
     def interrupt(self, timeout: float = 60) -> int:
         os.killpg(self.process.pid, signal.SIGINT)  # what Ctrl-C does in a terminal
@@ -78,8 +92,7 @@ def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime, t
     served = Served([ROUTER, "serve", "--address", ray_runtime, "--namespace", "e2e-cli", "--port", "0",
                      "--gateways", "2"], env={"ROUTER_RAY_DASHBOARD": "false", "ROUTER_DATA_DIR": str(tmp_path)})
     try:
-        served.wait_for(r"router: ready", 120)
-        urls = [m for line in served.lines for m in READY_URL.findall(line)]
+        urls = served.signal_urls(2, 120)
         assert len(urls) == 2
         for url in urls:
             assert run(_hello(url))["type"] == "hub:heartbeat_ack"
@@ -97,7 +110,7 @@ def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime, t
             "topic-shard-0", "topic-shard-1",
         ]
         assert served.interrupt() == 0
-        assert "router: stopped" in served.lines
+        served.wait_for(r"^router: stopped$", 30)
     finally:
         served.kill()
 
@@ -114,11 +127,10 @@ def test_make_serve_starts_an_embedded_router_that_answers_a_signal_hub_client(t
     served = Served(["make", "serve", "ARGS=--port 0 --namespace e2e-make"],
                     env={"ROUTER_RAY_DASHBOARD": "false", "ROUTER_DATA_DIR": str(tmp_path)})
     try:
-        served.wait_for(r"router: ready", 180)
-        url = next(m for line in served.lines for m in READY_URL.findall(line))
+        (url,) = served.signal_urls(1, 180)
         assert run(_hello(url))["type"] == "hub:heartbeat_ack"
         served.interrupt()
-        assert "router: stopped" in served.lines
+        served.wait_for(r"^router: stopped$", 30)
     finally:
         served.kill()
 
@@ -136,11 +148,9 @@ def test_shards_outlive_the_router_that_created_them_and_router_stop_ends_the_re
     creator = Served(command, env)
     joiner = None
     try:
-        creator.wait_for(r"router: ready", 120)
+        (creator_url,) = creator.signal_urls(1, 120)
         joiner = Served(command, env)
-        joiner.wait_for(r"router: ready", 120)
-        (creator_url,) = [m for line in creator.lines for m in READY_URL.findall(line)]
-        (joiner_url,) = [m for line in joiner.lines for m in READY_URL.findall(line)]
+        (joiner_url,) = joiner.signal_urls(1, 120)
 
         async def register(url: str, address: str) -> HubClient:
             client = await HubClient.open(url, address)
@@ -176,7 +186,7 @@ def test_shards_outlive_the_router_that_created_them_and_router_stop_ends_the_re
         assert stopped.returncode == 0, stopped.stderr
         assert re.search(r"stopped 1 gateway\(s\) and \d+ shard\(s\)", stopped.stdout), stopped.stdout
         assert joiner.process.wait(60) == 0
-        assert "router: stopped" in joiner.lines
+        joiner.wait_for(r"^router: stopped$", 30)
         deadline = time.monotonic() + 30
         while [entry for entry in ray.util.list_named_actors(all_namespaces=True)
                if entry.get("namespace") == namespace]:
