@@ -2,8 +2,8 @@
 
 Turning a gateway's buffered records into Arrow columns and Parquet files costs a few microseconds
 of CPU per message; done in the gateway's process it competes with the event loop for the GIL
-and the core. The gateway pickles its buffers (in slices) to this actor every flush instead (well under a
-microsecond per record) and this actor does the rest. It is pinned to the gateway's node (the
+and the core. The gateway hands each flush to this actor instead (its records packed in chunks,
+the rare rejections and drops pickled in slices) and this actor does the rest. It is pinned to the gateway's node (the
 files go to that node's data directory) and owned by the gateway, so it goes when the gateway goes.
 """
 
@@ -14,7 +14,7 @@ import os
 
 import ray
 
-from router.eventlog import EventLog, unpickle_slices
+from router.eventlog import EventLog, Flush, unpickle_slices
 from router.proc import keep_memory, trim_memory
 
 logger = logging.getLogger(__name__)
@@ -44,12 +44,12 @@ class EventLogWriter:
     def ready(self) -> bool:
         return True
 
-    def write_slices(self, payload: list[list[bytes]]) -> tuple[int, int]:
-        """The gateway's buffers as pickled slices of records: ``[row slices, group slices]``."""
-        rows, groups = unpickle_slices(payload[0]), unpickle_slices(payload[1])
-        written = self.log.write(rows, groups)
-        if len(rows) + len(groups) > TRIM_AFTER_RECORDS:
-            del rows, groups
+    def write_flush(self, packed: Flush, row_slices: list[bytes]) -> tuple[int, int]:
+        """A gateway's flush: its packed records, and its rejections and drops as pickled slices."""
+        rows = unpickle_slices(row_slices)
+        written = self.log.write(rows, packed)
+        if len(rows) + packed.ingress_count + packed.group_count > TRIM_AFTER_RECORDS:
+            del rows, packed
             trim_memory()
         return written
 

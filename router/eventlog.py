@@ -7,15 +7,18 @@ the gateway id with the node's id keeps their names apart. Where renaming is ato
 file system, HDFS) a file is written under a dot-name and renamed; an object store shows an object only
 once its upload completed. Either way a reader never sees half a file.
 
-The hot path only appends tuples: one per message received, one per *fan-out group* (a message
-delivered to several connections of a gateway is one entry holding their ids), one per drop or
-rejection. A record holds only atomic values (the message's meta spread into it, a group's
-connection ids as one int or as packed bytes), so the garbage collector stops tracking it the first
-time it looks at it: a record holding another tuple stayed tracked until a middle-generation
-collection, and those walked every buffered record (100-500 ms each in a flood).
+The hot path packs the two records of every message into preallocated chunks (bytearrays of fixed
+size, ``struct.pack_into``): one per message received (``ingress``) and one per *fan-out group* (a
+message delivered to several connections of a gateway is one record; their ids go to one array).
+A record's strings (origin, dialect, kind, topic) become a stream number, kept in a table per flush.
+So a message leaves no Python object behind it until the flush, and the chunks go back to a pool
+once written: allocating a tuple per record, and freeing them all at each flush, had Python hand
+its memory arenas back to the system and fault them in again (0.19 page faults a message in a
+gateway, 3 µs each on a VM, docs/performance.md §7). Drops and rejections, rare, stay tuples of
+atomic values (the garbage collector stops tracking them the first time it looks at them).
 
-Every ``flush_interval_s`` the event loop swaps the buffers and a writer thread expands the groups
-into rows with pyarrow and writes the files. Sampling is decided per message (its
+Every ``flush_interval_s`` the event loop hands a :class:`Flush` to a writer thread, which has the
+records turned into rows with numpy and pyarrow and written. Sampling is decided per message (its
 sequence number), so a sampled message keeps all its deliveries and fan-out stays exact.
 """
 
@@ -34,7 +37,7 @@ import struct
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -155,6 +158,48 @@ def _node_tag() -> str:
     return secrets.token_hex(6)
 
 
+# The packed records, little-endian int64s. An accepted message: when, its sequence number and
+# ingress time, its size, its connection, its stream (origin, dialect, kind, topic: a number in the
+# flush's table). A fan-out group: when, sequence number, ingress time, size, stream, how many
+# connections, and the connection when there is one (the ids of a larger group are in ``Flush.ids``).
+_INGRESS = struct.Struct("<6q")
+_GROUP = struct.Struct("<7q")
+_INGRESS_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "connection", "stream")])
+_GROUP_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "stream", "count",
+                                                    "connection")])
+CHUNK_RECORDS = 16_384  # records per chunk: under a MiB each, so glibc serves it from its heap
+_INGRESS_CHUNK = CHUNK_RECORDS * _INGRESS.size
+_GROUP_CHUNK = CHUNK_RECORDS * _GROUP.size
+# Free chunks a log keeps for its next flushes, of each kind, at most (about 26 MiB of each): a flush
+# of 2 s at 100,000 messages/s fills 13 of each. The pool follows the flushes: one chunk more than
+# the last flush written filled.
+POOL_CHUNKS = 32
+
+
+@dataclass
+class Flush:
+    """One flush's packed records, as the writer takes them (pickled whole to a writer process).
+
+    ``ingress`` and ``groups`` are chunks of packed records, every one full but the last, which is
+    filled up to ``ingress_end`` / ``groups_end`` bytes."""
+
+    ingress: list[bytearray]
+    ingress_end: int
+    groups: list[bytearray]
+    groups_end: int
+    ids: array.array  # the connection ids of the groups of more than one connection, in order
+    streams: list[tuple]  # (origin, dialect, kind, topic) by stream number
+    protocol_ids: dict[int, str] = field(default_factory=dict)  # ingress record number -> the protocol's id
+
+    @property
+    def ingress_count(self) -> int:
+        return (len(self.ingress) - 1) * CHUNK_RECORDS + self.ingress_end // _INGRESS.size
+
+    @property
+    def group_count(self) -> int:
+        return (len(self.groups) - 1) * CHUNK_RECORDS + self.groups_end // _GROUP.size
+
+
 class EventLog:
     """Buffers records for one gateway and writes them as Parquet off the event loop."""
 
@@ -168,17 +213,17 @@ class EventLog:
         max_rejected_per_flush: int = 10_000,
         max_unwritten_records: int = 4_000_000,
     ) -> None:
-        # A Ray actor handle with write(rows, groups) and ready(): the Arrow and Parquet work then
-        # runs in that process, and this one only pickles the buffers (see actors/eventwriter.py).
+        # A Ray actor handle with write_flush(flush, row slices) and ready(): the Arrow and Parquet
+        # work then runs in that process, and this one only hands the flush over (actors/eventwriter.py).
         self._remote = remote
         self.gateway_id = gateway_id
         self.sample_every = max(1, round(1 / sample_rate)) if sample_rate > 0 else 0
         self.retention_ns = int(retention_hours * 3600 * 1e9)
-        # (ts_ns, *meta, protocol_id, bytes, connection, outcome, reason): one row each
+        # Rejections and drops, (ts_ns, *meta, protocol_id, bytes, connection, outcome, reason): one row each
         self._rows: list[tuple] = []
-        # (ts_ns, *meta, bytes, connection ids): one row per connection; the ids are one int, or
-        # several packed as int64 bytes (see _ids)
-        self._groups: list[tuple] = []
+        self._free_ingress: list[bytearray] = []  # chunks back from the writer, for the next records
+        self._free_groups: list[bytearray] = []
+        self._start_flush()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
         self._pending: list[Future] = []
         # Bounds for floods: refused frames logged per flush (a client hammering a rate limit
@@ -226,8 +271,17 @@ class EventLog:
 
     def ingress(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int) -> None:
         origin, seq, ingress_ns, dialect, kind, topic = meta
-        self._rows.append((ts_ns, origin, seq, ingress_ns, dialect, kind, topic, protocol_id, nbytes, connection,
-                           "accepted", None))
+        key = (origin, dialect, kind, topic)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = len(self._streams)
+        offset = self._ingress_at
+        if offset == _INGRESS_CHUNK:
+            offset = self._next_ingress_chunk()
+        _INGRESS.pack_into(self._ingress_chunk, offset, ts_ns, seq, ingress_ns, nbytes, connection, stream)
+        self._ingress_at = offset + _INGRESS.size
+        if protocol_id is not None:
+            self._protocol_ids[len(self._ingress_full) * CHUNK_RECORDS + offset // _INGRESS.size] = protocol_id
 
     def rejected(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int,
                  reason: str) -> None:
@@ -242,8 +296,20 @@ class EventLog:
     def delivered(self, ts_ns: int, meta: Meta, nbytes: int, connections: tuple[int, ...] | list[int]) -> None:
         """One fan-out group of ``connections`` (a tuple or a list of ids)."""
         origin, seq, ingress_ns, dialect, kind, topic = meta
-        self._groups.append((ts_ns, origin, seq, ingress_ns, dialect, kind, topic, nbytes,
-                             connections[0] if len(connections) == 1 else _ids(connections)))
+        key = (origin, dialect, kind, topic)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = len(self._streams)
+        offset = self._groups_at
+        if offset == _GROUP_CHUNK:
+            offset = self._next_group_chunk()
+        count = len(connections)
+        if count == 1:
+            _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
+        else:
+            _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, 0)
+            self._ids.extend(connections)
+        self._groups_at = offset + _GROUP.size
 
     def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
         origin, seq, ingress_ns, dialect, kind, topic = meta
@@ -252,21 +318,67 @@ class EventLog:
 
     # -- flushing -------------------------------------------------------------------------
 
+    def _start_flush(self) -> None:
+        """Empty buffers for the next flush's records, the chunks taken from the pool."""
+        self._streams: dict[tuple, int] = {}
+        self._protocol_ids: dict[int, str] = {}
+        self._ids = array.array("q")
+        self._ingress_full: list[bytearray] = []
+        self._ingress_chunk = _chunk(self._free_ingress, _INGRESS_CHUNK)
+        self._ingress_at = 0
+        self._groups_full: list[bytearray] = []
+        self._group_chunk = _chunk(self._free_groups, _GROUP_CHUNK)
+        self._groups_at = 0
+
+    def _next_ingress_chunk(self) -> int:
+        self._ingress_full.append(self._ingress_chunk)
+        self._ingress_chunk = _chunk(self._free_ingress, _INGRESS_CHUNK)
+        self._ingress_at = 0
+        return 0
+
+    def _next_group_chunk(self) -> int:
+        self._groups_full.append(self._group_chunk)
+        self._group_chunk = _chunk(self._free_groups, _GROUP_CHUNK)
+        self._groups_at = 0
+        return 0
+
+    def _take(self) -> Flush:
+        """The buffered packed records, as a :class:`Flush`; the buffers start again empty."""
+        flush = Flush([*self._ingress_full, self._ingress_chunk], self._ingress_at,
+                      [*self._groups_full, self._group_chunk], self._groups_at, self._ids, list(self._streams),
+                      self._protocol_ids)
+        self._start_flush()
+        return flush
+
+    def _recycle(self, flush: Flush) -> None:
+        """``flush`` is written: its chunks serve the next records (any thread: a list's ``extend`` is
+        atomic, as is the loop's ``pop``). The pool keeps about what a flush like this one fills, at
+        most ``POOL_CHUNKS``: after a burst, the next quiet flushes let the rest go."""
+        for chunks, free in ((flush.ingress, self._free_ingress), (flush.groups, self._free_groups)):
+            room = min(POOL_CHUNKS, len(chunks) + 1) - len(free)
+            if room > 0:
+                free.extend(chunks[:room])
+            else:
+                del free[len(free) + room:]  # past what this flush needed: freed
+        flush.ingress, flush.groups = [], []
+
     def flush(self) -> Future | None:
         """Hand the buffered records to the writer thread (call from the event loop)."""
-        if not self._rows and not self._groups:
+        if not self._rows and not self._ingress_at and not self._groups_at and not self._ingress_full \
+                and not self._groups_full:
             return None
-        rows, groups = self._rows, self._groups
-        self._rows, self._groups = [], []
+        rows, packed = self._rows, self._take()
+        self._rows = []
         self._rejected_in_flush = 0
-        count = len(rows) + len(groups)
+        count = len(rows) + packed.ingress_count + packed.group_count
         behind = self._submitted - self._finished
         if behind + count > self.max_unwritten_records:
             self.records_dropped += count
+            self._recycle(packed)
             logger.warning("event log: the writer is %d records behind; dropped %d records", behind, count)
             return None
         self._submitted += count
-        future = self._writer.submit(self._write, rows, groups)
+        future = self._writer.submit(self._write, rows, packed, count)
         self._pending = [f for f in self._pending if not f.done()] + [future]
         return future
 
@@ -276,37 +388,41 @@ class EventLog:
             future.result(timeout)
         self._writer.shutdown(wait=True)
 
-    def _write(self, rows: list[tuple], groups: list[tuple]) -> None:
+    def _write(self, rows: list[tuple], packed: Flush, count: int) -> None:
         started = time.thread_time()
         try:
             if self._remote is not None:
-                # Pickled here: Ray's own serializer takes several times longer on many small
-                # tuples. In slices, letting go of the GIL between them: one pickle call over a
-                # whole flush held it for milliseconds, which the event loop saw as a latency tail.
-                payload = [_pickled_slices(rows, PICKLE_SLICE), _pickled_slices(groups, PICKLE_SLICE)]
-                self.rows_written, self.files_written = _ray_get(self._remote.write_slices.remote(payload))
+                # The rows pickled here: Ray's own serializer takes several times longer on many
+                # small tuples. In slices, letting go of the GIL between them: one pickle call over
+                # many held it for milliseconds, which the event loop saw as a latency tail.
+                call = self._remote.write_flush.remote(packed, _pickled_slices(rows, PICKLE_SLICE))
+                self.rows_written, self.files_written = _ray_get(call)
             else:
-                self.write(rows, groups)
+                self.write(rows, packed)
         except Exception:
-            logger.exception("event log: writing %d rows failed", len(rows) + len(groups))
+            logger.exception("event log: writing %d records failed", count)
         finally:
+            self._recycle(packed)
             self.write_cpu_s += time.thread_time() - started
-            self._finished += len(rows) + len(groups)
+            self._finished += count
 
-    def write(self, rows: list[tuple], groups: list[tuple]) -> tuple[int, int]:
-        """Convert buffered records and write them; returns (rows written, files written) so far."""
+    def write(self, rows: list[tuple], packed: Flush | None = None) -> tuple[int, int]:
+        """Convert a flush's records and write them; returns (rows written, files written) so far."""
         parts = []
         if rows:
             parts.append(self._rows_table(rows))
-        if groups:
-            parts.append(self._groups_table(groups))
+        if packed is not None:
+            if packed.ingress_count:
+                parts.append(self._ingress_table(packed))
+            if packed.group_count:
+                parts.append(self._groups_table(packed))
         if parts:
             self._write_partitions(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
         self._apply_retention()
         return self.rows_written, self.files_written
 
     def _rows_table(self, rows: list[tuple]) -> pa.Table:
-        """Ingress, rejection and drop records: ingress ones are "in", drops "out" (with latency)."""
+        """Rejection and drop records: rejections are "in", drops "out" (with latency)."""
         outcome = pa.array(_column(rows, 10), pa.string())
         outbound = pc.equal(outcome, "dropped")
         return self._assemble(
@@ -314,28 +430,74 @@ class EventLog:
             outcome, pa.array(_column(rows, 11), pa.string()), pc.if_else(outbound, "out", "in"), outbound,
         )
 
-    def _groups_table(self, groups: list[tuple]) -> pa.Table:
-        """One row per delivered connection, from one entry per fan-out group."""
-        connections = _column(groups, 8)
-        if all(type(ids) is int for ids in connections):  # one connection each (S=1, point to point)
-            total = len(groups)
-            index, flat = None, np.fromiter(connections, dtype=np.int64, count=total)
+    def _ingress_table(self, packed: Flush) -> pa.Table:
+        """Accepted messages: "in" rows, without latency."""
+        records = _unpacked(packed.ingress, packed.ingress_end, _INGRESS_DTYPE)
+        total = len(records)
+        protocol_id = pa.nulls(total, pa.string())
+        if packed.protocol_ids:
+            values: list[str | None] = [None] * total
+            for number, value in packed.protocol_ids.items():
+                values[number] = value
+            protocol_id = pa.array(values, pa.string())
+        return self._packed_table(packed.streams, records, None, records["connection"], protocol_id,
+                                  pa.nulls(total, pa.int64()), "in", "accepted")
+
+    def _groups_table(self, packed: Flush) -> pa.Table:
+        """One "out" row per delivered connection, from one record per fan-out group."""
+        records = _unpacked(packed.groups, packed.groups_end, _GROUP_DTYPE)
+        counts = records["count"]
+        single = counts == 1
+        if single.all():  # one connection each (S=1, point to point)
+            index, connection = None, records["connection"]
         else:
-            lengths = np.fromiter((1 if type(ids) is int else len(ids) >> 3 for ids in connections), dtype=np.int64,
-                                  count=len(groups))
-            total = int(lengths.sum())
-            index = pa.array(np.repeat(np.arange(len(groups)), lengths))
-            flat = np.frombuffer(b"".join(_ID.pack(ids) if type(ids) is int else ids for ids in connections),
-                                 dtype="<i8")
-        return self._assemble(
-            groups, pa.nulls(total, pa.string()), _column(groups, 7), pa.array(flat),
-            _constant("delivered", total), pa.nulls(total, pa.string()), _constant("out", total), True, index,
+            index = np.repeat(np.arange(len(records)), counts)
+            larger = np.repeat(~single, counts)  # the rows of groups of more than one: their ids, in order
+            connection = np.empty(len(index), dtype=np.int64)
+            connection[larger] = np.frombuffer(packed.ids, dtype=np.int64)
+            connection[~larger] = records["connection"][single]
+        latency = records["ts_ns"] - records["ingress_ns"]
+        return self._packed_table(packed.streams, records, index, connection, pa.nulls(len(connection), pa.string()),
+                                  pa.array(latency if index is None else latency[index]), "out", "delivered")
+
+    def _packed_table(self, streams: list[tuple], records: np.ndarray, index: np.ndarray | None,
+                      connection: np.ndarray, protocol_id: pa.Array, latency: pa.Array, direction: str,
+                      outcome: str) -> pa.Table:
+        """The table of packed ``records``; ``index`` repeats a group's values per connection."""
+        total = len(connection)
+
+        def per_row(name: str) -> pa.Array:
+            values = records[name]
+            return pa.array(np.ascontiguousarray(values if index is None else values[index]))
+
+        codes = per_row("stream")
+
+        def stream_field(position: int) -> pa.Array:  # of (origin, dialect, kind, topic)
+            return pa.array([stream[position] for stream in streams], pa.string()).take(codes)
+
+        return pa.Table.from_arrays(
+            [
+                per_row("ts_ns"),
+                stream_field(1),  # dialect
+                _constant(direction, total),
+                stream_field(2),  # kind
+                stream_field(3),  # topic
+                _constant(self.gateway_id, total),
+                pa.array(np.ascontiguousarray(connection)),
+                stream_field(0),  # origin
+                per_row("seq"),  # msg_seq
+                protocol_id,
+                per_row("bytes"),
+                latency,
+                _constant(outcome, total),
+                pa.nulls(total, pa.string()),  # reason
+            ],
+            schema=SCHEMA,
         )
 
     def _assemble(self, records: list[tuple], protocol_id: pa.Array, sizes: list, connection: pa.Array,
-                  outcome: pa.Array, reason: pa.Array, direction: pa.Array, has_latency: Any,
-                  index: pa.Array | None = None) -> pa.Table:
-        """The table; ``records`` start with (ts_ns, *meta); ``index`` repeats a group's values per connection.
+                  outcome: pa.Array, reason: pa.Array, direction: pa.Array, has_latency: Any) -> pa.Table:
+        """The table of rejections and drops; ``records`` start with (ts_ns, *meta).
 
         Columns are pulled with itemgetter, not ``zip(*records)``: that would allocate an iterator per
         record, and the garbage collector would walk the whole heap several times per flush.
@@ -348,8 +510,7 @@ class EventLog:
             latency = pc.if_else(has_latency, latency, pa.scalar(None, pa.int64()))
 
         def per_record(values: Any, type_: pa.DataType) -> pa.Array:
-            array = values if isinstance(values, pa.Array) else pa.array(values, type_)
-            return array if index is None else array.take(index)
+            return values if isinstance(values, pa.Array) else pa.array(values, type_)
 
         def meta_field(name: str, type_: pa.DataType) -> pa.Array:
             return per_record(_column(records, 1 + META_FIELDS[name]), type_)
@@ -441,16 +602,19 @@ def _column(records: list[tuple], position: int) -> list:
     return list(map(itemgetter(position), records))
 
 
-_ID = struct.Struct("<q")
+def _chunk(free: list[bytearray], size: int) -> bytearray:
+    """A chunk for packed records: a free one, else a new one."""
+    try:
+        return free.pop()
+    except IndexError:
+        return bytearray(size)
 
 
-def _ids(connections: tuple[int, ...] | list[int]) -> bytes:
-    """A group's connection ids as little-endian int64s: bytes, which the garbage collector never
-    tracks (the writer may run on another node)."""
-    ids = array.array("q", connections)
-    if sys.byteorder != "little":  # pragma: no cover - every platform Ray runs on is little-endian
-        ids.byteswap()
-    return ids.tobytes()
+def _unpacked(chunks: list[bytearray], end: int, dtype: np.dtype) -> np.ndarray:
+    """The packed records of ``chunks`` (all full but the last, filled up to ``end`` bytes)."""
+    parts = [np.frombuffer(chunk, dtype=dtype, count=CHUNK_RECORDS) for chunk in chunks[:-1]]
+    parts.append(np.frombuffer(chunks[-1], dtype=dtype, count=end // dtype.itemsize))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _constant(value: str, count: int) -> pa.Array:
@@ -483,7 +647,13 @@ def _ray_get(ref: Any) -> Any:
 def _warm_up() -> None:
     log = EventLog.__new__(EventLog)
     log.gateway_id = "warm-up"
+    log._free_ingress, log._free_groups = [], []
+    log._start_flush()
     meta = ("warm-up", 1, 0, "", "", None)
-    table = pa.concat_tables([log._rows_table([(1, *meta, None, 1, 1, "dropped", "")]),
-                              log._groups_table([(1, *meta, 1, _ids((1, 2)))])])
+    log.ingress(1, meta, "p", 1, 1)
+    log.delivered(1, meta, 1, (1, 2))
+    log.delivered(1, meta, 1, (3,))
+    packed = log._take()
+    table = pa.concat_tables([log._rows_table([(1, *meta, None, 1, 1, "dropped", "")]), log._ingress_table(packed),
+                              log._groups_table(packed)])
     pq.write_table(table.sort_by("ts_ns"), io.BytesIO(), compression="zstd")

@@ -18,9 +18,7 @@ def test_long_lists_are_sampled_evenly_from_first_to_last_part():
 def test_event_log_slices_round_trip_in_order():
     from router.eventlog import _pickled_slices, unpickle_slices
 
-    from router.eventlog import _ids
-
-    records = [(n, "gw", n, 5, "signal", "hub:publish", "t", 100, _ids((n, n + 1))) for n in range(1000)]  # groups
+    records = [(n, "gw", n, 5, "signal", "hub:publish", "t", None, 100, n, "dropped", "closed") for n in range(1000)]
     slices = _pickled_slices(records, 256)
     assert len(slices) == 4
     assert unpickle_slices(slices) == records

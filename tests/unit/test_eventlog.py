@@ -316,7 +316,7 @@ def test_a_failed_write_is_logged_not_raised(log, events_dir, caplog):
     log.ingress(T0, meta(), None, 1, 1)
     with caplog.at_level(logging.ERROR, logger="router.eventlog"):
         written(log)
-    assert [r.getMessage() for r in caplog.records] == ["event log: writing 1 rows failed"]
+    assert [r.getMessage() for r in caplog.records] == ["event log: writing 1 records failed"]
     assert (log.rows_written, log.files_written) == (0, 0)
 
 
@@ -631,7 +631,9 @@ def test_buffered_records_leave_the_garbage_collector_at_its_first_look(tmp_path
                 log.dropped(T0 + seq + 3, each, 100, seq, "slow_consumer")
             log.rejected(T0, meta(seq=99), None, 100, 1, "rate_limited")
             gc.collect(0)
-            assert [record for record in log._rows + log._groups if gc.is_tracked(record)] == []
+            # Accepted messages and deliveries are packed (no object a message); drops and rejections
+            # are tuples, and the flush's stream table holds tuples of strings.
+            assert [record for record in log._rows + list(log._streams) if gc.is_tracked(record)] == []
         finally:
             if was_enabled:
                 gc.enable()
@@ -644,3 +646,59 @@ def test_buffered_records_leave_the_garbage_collector_at_its_first_look(tmp_path
         assert {r["topic"] for r in rows if r["msg_seq"] == 7} == {"rooms/7"}
     finally:
         log.close()
+
+
+def test_records_filling_several_chunks_are_all_written_and_the_chunks_serve_the_next_flush(log, events_dir):
+    """Accepted messages and fan-out groups are packed into chunks of CHUNK_RECORDS records; a flush
+    hands over every chunk filled, and once written they take the next flush's records (a new
+    chunk would be memory the system hands in again, page by page)."""
+    count = 2 * eventlog.CHUNK_RECORDS + 5
+    for seq in range(count):
+        each = meta(seq=seq, t0=T0 + seq, topic=f"rooms/{seq % 3}")
+        log.ingress(T0 + seq, each, f"id-{seq}" if seq % 1000 == 999 else None, 10, seq)
+        log.delivered(T0 + seq + 1, each, 20, (seq,) if seq % 2 else (seq, seq + 1))
+    log.delivered(T0, meta(seq=count), 20, ())  # no connection: no row
+    chunks = log._ingress_full + [log._ingress_chunk] + log._groups_full + [log._group_chunk]
+    assert len(chunks) == 6
+    written(log)
+    table = ds.dataset(events_dir, format="parquet", schema=SCHEMA).to_table()
+    assert table.num_rows == count + count + count // 2 + (count + 1) // 2 - count // 2
+    accepted = table.filter(pa.compute.equal(table["outcome"], "accepted")).sort_by("msg_seq").to_pydict()
+    assert accepted["msg_seq"] == list(range(count)) and accepted["connection"] == list(range(count))
+    assert accepted["protocol_id"] == [f"id-{seq}" if seq % 1000 == 999 else None for seq in range(count)]
+    assert accepted["topic"] == [f"rooms/{seq % 3}" for seq in range(count)]
+    assert set(accepted["latency_ns"]) == {None} and set(accepted["direction"]) == {"in"}
+    delivered = table.filter(pa.compute.equal(table["outcome"], "delivered"))
+    pairs = sorted(zip(delivered["msg_seq"].to_pylist(), delivered["connection"].to_pylist()))
+    assert pairs == sorted([(seq, seq) for seq in range(count)] + [(seq, seq + 1) for seq in range(0, count, 2)])
+    assert set(delivered["latency_ns"].to_pylist()) == {1} and set(delivered["bytes"].to_pylist()) == {20}
+    # Written, the chunks wait for the records after the next flush (the buffers it started with
+    # were taken while these were still being written).
+    assert {id(chunk) for chunk in log._free_ingress + log._free_groups} == {id(chunk) for chunk in chunks}
+    log.ingress(T0, meta(seq=count + 1), None, 10, 1)
+    written(log)
+    assert id(log._ingress_chunk) in {id(chunk) for chunk in chunks}
+    assert id(log._group_chunk) in {id(chunk) for chunk in chunks}
+    assert len(read_rows(events_dir)) == table.num_rows + 1
+
+
+def test_the_chunk_pool_keeps_at_most_its_bound(events_dir, monkeypatch):
+    monkeypatch.setattr(eventlog, "POOL_CHUNKS", 2)
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    try:
+        for seq in range(3 * eventlog.CHUNK_RECORDS):
+            log.ingress(T0, meta(seq=seq), None, 10, 1)
+        written(log)
+        assert len(log._free_ingress) == 2 and len(log._free_groups) == 1  # 2 of 3 full + the partial one
+    finally:
+        log.close()
+
+
+def test_the_chunk_pool_shrinks_to_what_a_quieter_flush_fills(log, events_dir):
+    for seq in range(3 * eventlog.CHUNK_RECORDS):
+        log.ingress(T0, meta(seq=seq), None, 10, 1)
+    written(log)
+    assert len(log._free_ingress) == 3  # the three it filled
+    log.ingress(T0, meta(seq=0), None, 10, 1)
+    written(log)  # one chunk, taken from the pool: the pool keeps two
+    assert len(log._free_ingress) == 2

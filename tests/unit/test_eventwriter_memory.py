@@ -9,7 +9,7 @@ import time
 import pytest
 
 import actors.eventwriter as module
-from router.eventlog import PICKLE_SLICE, _pickled_slices
+from router.eventlog import PICKLE_SLICE, EventLog, _pickled_slices
 
 
 
@@ -25,16 +25,20 @@ def writer(tmp_path, monkeypatch):
     return instance
 
 
-def payload(count: int) -> list[list[bytes]]:
+def payload(count: int) -> tuple:
+    """A gateway's flush of ``count`` accepted messages and one drop, as its log hands it over."""
     now = time.time_ns()
+    gateway = EventLog("unused", "gw", remote=object())  # a remote writer: this side opens no folder
+    for i in range(count - 1):
+        gateway.ingress(now, ("gw", i, now, "signal", "hub:publish", "t"), None, 10, 1)
     # (ts_ns, origin, seq, ingress_ns, dialect, kind, topic, protocol id, bytes, connection, outcome, reason)
-    rows = [(now, "gw", i, now, "signal", "hub:publish", "t", None, 10, 1, "accepted", None) for i in range(count)]
-    return [_pickled_slices(rows, PICKLE_SLICE), _pickled_slices([], PICKLE_SLICE)]
+    dropped = [(now, "gw", count, now, "signal", "hub:publish", "t", None, 10, 1, "dropped", "slow_consumer")]
+    return gateway._take(), _pickled_slices(dropped, PICKLE_SLICE)
 
 
 def test_memory_is_kept_from_the_start_and_trimmed_only_after_a_large_flush(writer):
     assert writer.calls == ["nice 10", "keep"]
-    assert writer.write_slices(payload(100)) == (100, 1)  # not more than the bound: kept
+    assert writer.write_flush(*payload(100)) == (100, 1)  # not more than the bound: kept
     assert writer.calls == ["nice 10", "keep"]
-    assert writer.write_slices(payload(101)) == (201, 2)  # past it: trimmed once written
+    assert writer.write_flush(*payload(101)) == (201, 2)  # past it: trimmed once written
     assert writer.calls == ["nice 10", "keep", "trim"]
