@@ -37,7 +37,7 @@ import struct
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -164,6 +164,7 @@ def _node_tag() -> str:
 # connections, and the connection when there is one (the ids of a larger group are in ``Flush.ids``).
 _INGRESS = struct.Struct("<6q")
 _GROUP = struct.Struct("<7q")
+_INGRESS_SIZE = _INGRESS.size
 _INGRESS_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "connection", "stream")])
 _GROUP_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "stream", "count",
                                                     "connection")])
@@ -181,15 +182,17 @@ class Flush:
     """One flush's packed records, as the writer takes them (pickled whole to a writer process).
 
     ``ingress`` and ``groups`` are chunks of packed records, every one full but the last, which is
-    filled up to ``ingress_end`` / ``groups_end`` bytes."""
+    filled up to ``ingress_end`` / ``groups_end`` bytes. To a writer process the chunks and ``ids`` go
+    as pickle buffers (out of band: Ray copies them into its object store without pickling them),
+    and ``protocol_ids`` as pickled lists."""
 
-    ingress: list[bytearray]
+    ingress: list[Any]
     ingress_end: int
-    groups: list[bytearray]
+    groups: list[Any]
     groups_end: int
-    ids: array.array  # the connection ids of the groups of more than one connection, in order
+    ids: Any  # an int64 array: the connection ids of the groups of more than one connection, in order
     streams: list[tuple]  # (origin, dialect, kind, topic) by stream number
-    protocol_ids: dict[int, str] = field(default_factory=dict)  # ingress record number -> the protocol's id
+    protocol_ids: list[Any]  # by ingress chunk, the protocol's id of each record (or None)
 
     @property
     def ingress_count(self) -> int:
@@ -221,7 +224,9 @@ class EventLog:
         self.retention_ns = int(retention_hours * 3600 * 1e9)
         # Rejections and drops, (ts_ns, *meta, protocol_id, bytes, connection, outcome, reason): one row each
         self._rows: list[tuple] = []
-        self._free_ingress: list[bytearray] = []  # chunks back from the writer, for the next records
+        # Chunks back from the writer, for the next records: (packed records, their protocol ids) for
+        # accepted messages, packed records for groups.
+        self._free_ingress: list[tuple[bytearray, list]] = []
         self._free_groups: list[bytearray] = []
         self._start_flush()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eventlog")
@@ -279,9 +284,8 @@ class EventLog:
         if offset == _INGRESS_CHUNK:
             offset = self._next_ingress_chunk()
         _INGRESS.pack_into(self._ingress_chunk, offset, ts_ns, seq, ingress_ns, nbytes, connection, stream)
-        self._ingress_at = offset + _INGRESS.size
-        if protocol_id is not None:
-            self._protocol_ids[len(self._ingress_full) * CHUNK_RECORDS + offset // _INGRESS.size] = protocol_id
+        self._protocol_ids[offset // _INGRESS_SIZE] = protocol_id
+        self._ingress_at = offset + _INGRESS_SIZE
 
     def rejected(self, ts_ns: int, meta: Meta, protocol_id: str | None, nbytes: int, connection: int,
                  reason: str) -> None:
@@ -321,18 +325,17 @@ class EventLog:
     def _start_flush(self) -> None:
         """Empty buffers for the next flush's records, the chunks taken from the pool."""
         self._streams: dict[tuple, int] = {}
-        self._protocol_ids: dict[int, str] = {}
         self._ids = array.array("q")
-        self._ingress_full: list[bytearray] = []
-        self._ingress_chunk = _chunk(self._free_ingress, _INGRESS_CHUNK)
+        self._ingress_full: list[tuple[bytearray, list]] = []
+        self._ingress_chunk, self._protocol_ids = _ingress_chunk(self._free_ingress)
         self._ingress_at = 0
         self._groups_full: list[bytearray] = []
         self._group_chunk = _chunk(self._free_groups, _GROUP_CHUNK)
         self._groups_at = 0
 
     def _next_ingress_chunk(self) -> int:
-        self._ingress_full.append(self._ingress_chunk)
-        self._ingress_chunk = _chunk(self._free_ingress, _INGRESS_CHUNK)
+        self._ingress_full.append((self._ingress_chunk, self._protocol_ids))
+        self._ingress_chunk, self._protocol_ids = _ingress_chunk(self._free_ingress)
         self._ingress_at = 0
         return 0
 
@@ -344,9 +347,9 @@ class EventLog:
 
     def _take(self) -> Flush:
         """The buffered packed records, as a :class:`Flush`; the buffers start again empty."""
-        flush = Flush([*self._ingress_full, self._ingress_chunk], self._ingress_at,
-                      [*self._groups_full, self._group_chunk], self._groups_at, self._ids, list(self._streams),
-                      self._protocol_ids)
+        ingress = [*self._ingress_full, (self._ingress_chunk, self._protocol_ids)]
+        flush = Flush([chunk for chunk, _ in ingress], self._ingress_at, [*self._groups_full, self._group_chunk],
+                      self._groups_at, self._ids, list(self._streams), [ids for _, ids in ingress])
         self._start_flush()
         return flush
 
@@ -354,13 +357,14 @@ class EventLog:
         """``flush`` is written: its chunks serve the next records (any thread: a list's ``extend`` is
         atomic, as is the loop's ``pop``). The pool keeps about what a flush like this one fills, at
         most ``POOL_CHUNKS``: after a burst, the next quiet flushes let the rest go."""
-        for chunks, free in ((flush.ingress, self._free_ingress), (flush.groups, self._free_groups)):
+        ingress = list(zip(flush.ingress, flush.protocol_ids))
+        for chunks, free in ((ingress, self._free_ingress), (flush.groups, self._free_groups)):
             room = min(POOL_CHUNKS, len(chunks) + 1) - len(free)
             if room > 0:
                 free.extend(chunks[:room])
             else:
                 del free[len(free) + room:]  # past what this flush needed: freed
-        flush.ingress, flush.groups = [], []
+        flush.ingress, flush.groups, flush.protocol_ids = [], [], []
 
     def flush(self) -> Future | None:
         """Hand the buffered records to the writer thread (call from the event loop)."""
@@ -395,7 +399,7 @@ class EventLog:
                 # The rows pickled here: Ray's own serializer takes several times longer on many
                 # small tuples. In slices, letting go of the GIL between them: one pickle call over
                 # many held it for milliseconds, which the event loop saw as a latency tail.
-                call = self._remote.write_flush.remote(packed, _pickled_slices(rows, PICKLE_SLICE))
+                call = self._remote.write_flush.remote(_for_transfer(packed), _pickled_slices(rows, PICKLE_SLICE))
                 self.rows_written, self.files_written = _ray_get(call)
             else:
                 self.write(rows, packed)
@@ -434,12 +438,10 @@ class EventLog:
         """Accepted messages: "in" rows, without latency."""
         records = _unpacked(packed.ingress, packed.ingress_end, _INGRESS_DTYPE)
         total = len(records)
-        protocol_id = pa.nulls(total, pa.string())
-        if packed.protocol_ids:
-            values: list[str | None] = [None] * total
-            for number, value in packed.protocol_ids.items():
-                values[number] = value
-            protocol_id = pa.array(values, pa.string())
+        values: list[str | None] = []
+        for ids in packed.protocol_ids:
+            values.extend(pickle.loads(ids) if isinstance(ids, bytes) else ids)
+        protocol_id = pa.array(values[:total], pa.string())
         return self._packed_table(packed.streams, records, None, records["connection"], protocol_id,
                                   pa.nulls(total, pa.int64()), "in", "accepted")
 
@@ -608,6 +610,29 @@ def _chunk(free: list[bytearray], size: int) -> bytearray:
         return free.pop()
     except IndexError:
         return bytearray(size)
+
+
+def _ingress_chunk(free: list[tuple[bytearray, list]]) -> tuple[bytearray, list]:
+    """A chunk for accepted messages and the list of their protocol ids: a free pair, else a new one."""
+    try:
+        return free.pop()
+    except IndexError:
+        return bytearray(_INGRESS_CHUNK), [None] * CHUNK_RECORDS
+
+
+def _for_transfer(packed: Flush) -> Flush:
+    """``packed`` as it goes to a writer process: the chunks and ids as pickle buffers (Ray copies
+    them as they are), each chunk's protocol ids pickled apart, letting go of the GIL in between (one
+    pickle call over a flush's strings held it for milliseconds)."""
+    count = packed.ingress_end // _INGRESS_SIZE
+    protocol_ids = []
+    for number, ids in enumerate(packed.protocol_ids):
+        used = ids if number < len(packed.protocol_ids) - 1 else ids[:count]
+        protocol_ids.append(pickle.dumps(used, protocol=pickle.HIGHEST_PROTOCOL))
+        time.sleep(0)
+    return Flush([pickle.PickleBuffer(chunk) for chunk in packed.ingress], packed.ingress_end,
+                 [pickle.PickleBuffer(chunk) for chunk in packed.groups], packed.groups_end,
+                 pickle.PickleBuffer(packed.ids), packed.streams, protocol_ids)
 
 
 def _unpacked(chunks: list[bytearray], end: int, dtype: np.dtype) -> np.ndarray:

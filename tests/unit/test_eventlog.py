@@ -658,7 +658,7 @@ def test_records_filling_several_chunks_are_all_written_and_the_chunks_serve_the
         log.ingress(T0 + seq, each, f"id-{seq}" if seq % 1000 == 999 else None, 10, seq)
         log.delivered(T0 + seq + 1, each, 20, (seq,) if seq % 2 else (seq, seq + 1))
     log.delivered(T0, meta(seq=count), 20, ())  # no connection: no row
-    chunks = log._ingress_full + [log._ingress_chunk] + log._groups_full + [log._group_chunk]
+    chunks = [chunk for chunk, _ in log._ingress_full] + [log._ingress_chunk] + log._groups_full + [log._group_chunk]
     assert len(chunks) == 6
     written(log)
     table = ds.dataset(events_dir, format="parquet", schema=SCHEMA).to_table()
@@ -674,7 +674,8 @@ def test_records_filling_several_chunks_are_all_written_and_the_chunks_serve_the
     assert set(delivered["latency_ns"].to_pylist()) == {1} and set(delivered["bytes"].to_pylist()) == {20}
     # Written, the chunks wait for the records after the next flush (the buffers it started with
     # were taken while these were still being written).
-    assert {id(chunk) for chunk in log._free_ingress + log._free_groups} == {id(chunk) for chunk in chunks}
+    free = [chunk for chunk, _ in log._free_ingress] + log._free_groups
+    assert {id(chunk) for chunk in free} == {id(chunk) for chunk in chunks}
     log.ingress(T0, meta(seq=count + 1), None, 10, 1)
     written(log)
     assert id(log._ingress_chunk) in {id(chunk) for chunk in chunks}
@@ -702,3 +703,35 @@ def test_the_chunk_pool_shrinks_to_what_a_quieter_flush_fills(log, events_dir):
     log.ingress(T0, meta(seq=0), None, 10, 1)
     written(log)  # one chunk, taken from the pool: the pool keeps two
     assert len(log._free_ingress) == 2
+
+
+def test_a_flush_sent_to_a_writer_process_out_of_band_writes_the_same_rows(events_dir):
+    """A remote writer gets the chunks and ids as pickle buffers and the protocol ids pickled per chunk
+    (``_for_transfer``); pickled as Ray does it (protocol 5, buffers apart), it writes what the
+    gateway recorded."""
+    import pickle
+
+    gateway = EventLog(events_dir / "unused", GATEWAY, remote=object())
+    count = eventlog.CHUNK_RECORDS + 3
+    for seq in range(count):
+        each = meta(seq=seq, t0=T0 + seq, topic=f"rooms/{seq % 2}")
+        gateway.ingress(T0 + seq, each, f"p{seq}" if seq % 7 == 0 else None, 10, seq)
+        gateway.delivered(T0 + seq + 5, each, 30, (seq, seq + 1) if seq % 3 == 0 else [seq])
+    buffers: list = []
+    data = pickle.dumps(eventlog._for_transfer(gateway._take()), protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 2 + 2 + 1  # two chunks of each kind, the ids
+    loaded = pickle.loads(data, buffers=buffers)
+    writer = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
+    try:
+        writer.write([], loaded)
+    finally:
+        writer.close()
+    table = ds.dataset(events_dir, format="parquet", schema=SCHEMA).to_table()
+    accepted = table.filter(pa.compute.equal(table["outcome"], "accepted")).sort_by("msg_seq").to_pydict()
+    assert accepted["protocol_id"] == [f"p{seq}" if seq % 7 == 0 else None for seq in range(count)]
+    assert accepted["connection"] == list(range(count)) and set(accepted["bytes"]) == {10}
+    delivered = table.filter(pa.compute.equal(table["outcome"], "delivered"))
+    assert sorted(zip(delivered["msg_seq"].to_pylist(), delivered["connection"].to_pylist(),
+                      delivered["latency_ns"].to_pylist(), delivered["topic"].to_pylist())) == sorted(
+        [(seq, seq, 5, f"rooms/{seq % 2}") for seq in range(count)]
+        + [(seq, seq + 1, 5, f"rooms/{seq % 2}") for seq in range(0, count, 3)])
