@@ -169,6 +169,7 @@ _INGRESS_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_n
 _GROUP_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "stream", "count",
                                                     "connection")])
 CHUNK_RECORDS = 16_384  # records per chunk: under a MiB each, so glibc serves it from its heap
+_NO_PROTOCOL_IDS = (None,) * CHUNK_RECORDS
 _INGRESS_CHUNK = CHUNK_RECORDS * _INGRESS.size
 _GROUP_CHUNK = CHUNK_RECORDS * _GROUP.size
 # Free chunks a log keeps for its next flushes, of each kind, at most (about 26 MiB of each): a flush
@@ -196,11 +197,18 @@ class Flush:
 
     @property
     def ingress_count(self) -> int:
-        return (len(self.ingress) - 1) * CHUNK_RECORDS + self.ingress_end // _INGRESS.size
+        return (len(self.ingress) - 1) * CHUNK_RECORDS + self.ingress_end // _INGRESS.size if self.ingress else 0
 
     @property
     def group_count(self) -> int:
-        return (len(self.groups) - 1) * CHUNK_RECORDS + self.groups_end // _GROUP.size
+        return (len(self.groups) - 1) * CHUNK_RECORDS + self.groups_end // _GROUP.size if self.groups else 0
+
+    @property
+    def weight(self) -> int:
+        """What it counts against ``max_unwritten_records``: its records, or the records its chunks
+        hold room for if that is more (a flush of one message holds a chunk of each kind)."""
+        records = self.ingress_count + self.group_count
+        return max(records, (len(self.ingress) + len(self.groups)) * CHUNK_RECORDS)
 
 
 class EventLog:
@@ -298,7 +306,8 @@ class EventLog:
                            "rejected", reason))
 
     def delivered(self, ts_ns: int, meta: Meta, nbytes: int, connections: tuple[int, ...] | list[int]) -> None:
-        """One fan-out group of ``connections`` (a tuple or a list of ids)."""
+        """One fan-out group of ``connections`` (a tuple or a list of ids). The stream and the
+        chunk are found as in :meth:`ingress`, inline: a call would cost as much as the lookup."""
         origin, seq, ingress_ns, dialect, kind, topic = meta
         key = (origin, dialect, kind, topic)
         stream = self._streams.get(key)
@@ -312,7 +321,13 @@ class EventLog:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
         else:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, 0)
-            self._ids.extend(connections)
+            ids = self._ids
+            end = len(ids)
+            try:
+                ids.extend(connections)
+            except BaseException:
+                del ids[end:]  # a bad id: the ids stay in step with the groups
+                raise
         self._groups_at = offset + _GROUP.size
 
     def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
@@ -323,41 +338,53 @@ class EventLog:
     # -- flushing -------------------------------------------------------------------------
 
     def _start_flush(self) -> None:
-        """Empty buffers for the next flush's records, the chunks taken from the pool."""
+        """Empty buffers for the next flush's records. A chunk is taken (from the pool) by the first
+        record that needs one: the current chunk reads as full until then."""
         self._streams: dict[tuple, int] = {}
         self._ids = array.array("q")
         self._ingress_full: list[tuple[bytearray, list]] = []
-        self._ingress_chunk, self._protocol_ids = _ingress_chunk(self._free_ingress)
-        self._ingress_at = 0
+        self._ingress_chunk: bytearray | None = None
+        self._protocol_ids: list | None = None
+        self._ingress_at = _INGRESS_CHUNK
         self._groups_full: list[bytearray] = []
-        self._group_chunk = _chunk(self._free_groups, _GROUP_CHUNK)
-        self._groups_at = 0
+        self._group_chunk: bytearray | None = None
+        self._groups_at = _GROUP_CHUNK
 
     def _next_ingress_chunk(self) -> int:
-        self._ingress_full.append((self._ingress_chunk, self._protocol_ids))
+        if self._ingress_chunk is not None:
+            self._ingress_full.append((self._ingress_chunk, self._protocol_ids))
         self._ingress_chunk, self._protocol_ids = _ingress_chunk(self._free_ingress)
         self._ingress_at = 0
         return 0
 
     def _next_group_chunk(self) -> int:
-        self._groups_full.append(self._group_chunk)
+        if self._group_chunk is not None:
+            self._groups_full.append(self._group_chunk)
         self._group_chunk = _chunk(self._free_groups, _GROUP_CHUNK)
         self._groups_at = 0
         return 0
 
     def _take(self) -> Flush:
         """The buffered packed records, as a :class:`Flush`; the buffers start again empty."""
-        ingress = [*self._ingress_full, (self._ingress_chunk, self._protocol_ids)]
-        flush = Flush([chunk for chunk, _ in ingress], self._ingress_at, [*self._groups_full, self._group_chunk],
-                      self._groups_at, self._ids, list(self._streams), [ids for _, ids in ingress])
+        ingress = self._ingress_full
+        if self._ingress_chunk is not None:
+            ingress.append((self._ingress_chunk, self._protocol_ids))
+        groups = self._groups_full
+        if self._group_chunk is not None:
+            groups.append(self._group_chunk)
+        flush = Flush([chunk for chunk, _ in ingress], self._ingress_at if ingress else 0, groups,
+                      self._groups_at if groups else 0, self._ids, list(self._streams), [ids for _, ids in ingress])
         self._start_flush()
         return flush
 
     def _recycle(self, flush: Flush) -> None:
         """``flush`` is written: its chunks serve the next records (any thread: a list's ``extend`` is
         atomic, as is the loop's ``pop``). The pool keeps about what a flush like this one fills, at
-        most ``POOL_CHUNKS``: after a burst, the next quiet flushes let the rest go."""
+        most ``POOL_CHUNKS``: after a burst, the next quiet flushes let the rest go. A pooled list of
+        protocol ids lets go of its ids here, not when the loop's next records overwrite them."""
         ingress = list(zip(flush.ingress, flush.protocol_ids))
+        for _, ids in ingress[:max(0, min(POOL_CHUNKS, len(ingress) + 1) - len(self._free_ingress))]:
+            ids[:] = _NO_PROTOCOL_IDS
         for chunks, free in ((ingress, self._free_ingress), (flush.groups, self._free_groups)):
             room = min(POOL_CHUNKS, len(chunks) + 1) - len(free)
             if room > 0:
@@ -368,21 +395,21 @@ class EventLog:
 
     def flush(self) -> Future | None:
         """Hand the buffered records to the writer thread (call from the event loop)."""
-        if not self._rows and not self._ingress_at and not self._groups_at and not self._ingress_full \
-                and not self._groups_full:
+        if not self._rows and self._ingress_chunk is None and self._group_chunk is None:
             return None
         rows, packed = self._rows, self._take()
         self._rows = []
         self._rejected_in_flush = 0
         count = len(rows) + packed.ingress_count + packed.group_count
+        weight = len(rows) + packed.weight  # a flush holds its chunks whole until written
         behind = self._submitted - self._finished
-        if behind + count > self.max_unwritten_records:
+        if behind + weight > self.max_unwritten_records:
             self.records_dropped += count
             self._recycle(packed)
             logger.warning("event log: the writer is %d records behind; dropped %d records", behind, count)
             return None
-        self._submitted += count
-        future = self._writer.submit(self._write, rows, packed, count)
+        self._submitted += weight
+        future = self._writer.submit(self._write, rows, packed, count, weight)
         self._pending = [f for f in self._pending if not f.done()] + [future]
         return future
 
@@ -392,7 +419,7 @@ class EventLog:
             future.result(timeout)
         self._writer.shutdown(wait=True)
 
-    def _write(self, rows: list[tuple], packed: Flush, count: int) -> None:
+    def _write(self, rows: list[tuple], packed: Flush, count: int, weight: int) -> None:
         started = time.thread_time()
         try:
             if self._remote is not None:
@@ -408,7 +435,7 @@ class EventLog:
         finally:
             self._recycle(packed)
             self.write_cpu_s += time.thread_time() - started
-            self._finished += count
+            self._finished += weight
 
     def write(self, rows: list[tuple], packed: Flush | None = None) -> tuple[int, int]:
         """Convert a flush's records and write them; returns (rows written, files written) so far."""
@@ -439,8 +466,8 @@ class EventLog:
         records = _unpacked(packed.ingress, packed.ingress_end, _INGRESS_DTYPE)
         total = len(records)
         values: list[str | None] = []
-        for ids in packed.protocol_ids:
-            values.extend(pickle.loads(ids) if isinstance(ids, bytes) else ids)
+        for ids in packed.protocol_ids:  # a chunk's, as long as the chunk or longer
+            values.extend(itertools.islice(pickle.loads(ids) if isinstance(ids, bytes) else ids, CHUNK_RECORDS))
         protocol_id = pa.array(values[:total], pa.string())
         return self._packed_table(packed.streams, records, None, records["connection"], protocol_id,
                                   pa.nulls(total, pa.int64()), "in", "accepted")
@@ -627,12 +654,18 @@ def _for_transfer(packed: Flush) -> Flush:
     count = packed.ingress_end // _INGRESS_SIZE
     protocol_ids = []
     for number, ids in enumerate(packed.protocol_ids):
-        used = ids if number < len(packed.protocol_ids) - 1 else ids[:count]
+        used = ids[:CHUNK_RECORDS if number < len(packed.protocol_ids) - 1 else count]
         protocol_ids.append(pickle.dumps(used, protocol=pickle.HIGHEST_PROTOCOL))
         time.sleep(0)
-    return Flush([pickle.PickleBuffer(chunk) for chunk in packed.ingress], packed.ingress_end,
-                 [pickle.PickleBuffer(chunk) for chunk in packed.groups], packed.groups_end,
-                 pickle.PickleBuffer(packed.ids), packed.streams, protocol_ids)
+    return Flush(_buffers(packed.ingress, packed.ingress_end), packed.ingress_end,
+                 _buffers(packed.groups, packed.groups_end), packed.groups_end, pickle.PickleBuffer(packed.ids),
+                 packed.streams, protocol_ids)
+
+
+def _buffers(chunks: list[bytearray], end: int) -> list[pickle.PickleBuffer]:
+    """``chunks`` as pickle buffers, the last one only as far as it is filled."""
+    return [pickle.PickleBuffer(chunk if number < len(chunks) - 1 else memoryview(chunk)[:end])
+            for number, chunk in enumerate(chunks)]
 
 
 def _unpacked(chunks: list[bytearray], end: int, dtype: np.dtype) -> np.ndarray:

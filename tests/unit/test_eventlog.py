@@ -154,14 +154,16 @@ def test_flushes_past_the_unwritten_bound_are_dropped_and_counted(events_dir):
     """A writer that falls behind used to queue every flush in memory."""
     release = threading.Event()
 
-    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER, max_unwritten_records=1_000)
+    # A flush counts the records its chunks hold room for: 600 messages fill one chunk of 16,384.
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER,
+                   max_unwritten_records=eventlog.CHUNK_RECORDS * 3 // 2)
     blocked = log._writer.submit(release.wait, WAIT)  # the writer thread is busy
     for seq in range(600):
         log.ingress(T0, meta(seq=seq), None, 10, 1)
     first = log.flush()
     for seq in range(600, 1200):
         log.ingress(T0, meta(seq=seq), None, 10, 1)
-    assert log.flush() is None  # 600 waiting + 600 more would pass 1,000
+    assert log.flush() is None  # a chunk waiting + a chunk more would pass one and a half
     assert log.records_dropped == 600
     release.set()
     assert blocked.result(WAIT) is True and first.result(WAIT) is None
@@ -672,15 +674,16 @@ def test_records_filling_several_chunks_are_all_written_and_the_chunks_serve_the
     pairs = sorted(zip(delivered["msg_seq"].to_pylist(), delivered["connection"].to_pylist()))
     assert pairs == sorted([(seq, seq) for seq in range(count)] + [(seq, seq + 1) for seq in range(0, count, 2)])
     assert set(delivered["latency_ns"].to_pylist()) == {1} and set(delivered["bytes"].to_pylist()) == {20}
-    # Written, the chunks wait for the records after the next flush (the buffers it started with
-    # were taken while these were still being written).
+    # Written, the chunks wait in the pool, their protocol ids let go; the next records go into them.
     free = [chunk for chunk, _ in log._free_ingress] + log._free_groups
     assert {id(chunk) for chunk in free} == {id(chunk) for chunk in chunks}
+    assert all(ids == [None] * eventlog.CHUNK_RECORDS for _, ids in log._free_ingress)
     log.ingress(T0, meta(seq=count + 1), None, 10, 1)
-    written(log)
+    log.delivered(T0, meta(seq=count + 1), 10, (1,))
     assert id(log._ingress_chunk) in {id(chunk) for chunk in chunks}
     assert id(log._group_chunk) in {id(chunk) for chunk in chunks}
-    assert len(read_rows(events_dir)) == table.num_rows + 1
+    written(log)
+    assert len(read_rows(events_dir)) == table.num_rows + 2
 
 
 def test_the_chunk_pool_keeps_at_most_its_bound(events_dir, monkeypatch):
@@ -690,7 +693,7 @@ def test_the_chunk_pool_keeps_at_most_its_bound(events_dir, monkeypatch):
         for seq in range(3 * eventlog.CHUNK_RECORDS):
             log.ingress(T0, meta(seq=seq), None, 10, 1)
         written(log)
-        assert len(log._free_ingress) == 2 and len(log._free_groups) == 1  # 2 of 3 full + the partial one
+        assert len(log._free_ingress) == 2 and len(log._free_groups) == 0  # 2 of the 3 filled; no group chunk taken
     finally:
         log.close()
 
@@ -719,7 +722,9 @@ def test_a_flush_sent_to_a_writer_process_out_of_band_writes_the_same_rows(event
         gateway.delivered(T0 + seq + 5, each, 30, (seq, seq + 1) if seq % 3 == 0 else [seq])
     buffers: list = []
     data = pickle.dumps(eventlog._for_transfer(gateway._take()), protocol=5, buffer_callback=buffers.append)
-    assert len(buffers) == 2 + 2 + 1  # two chunks of each kind, the ids
+    # Two chunks of each kind, the last only as far as it is filled, and the ids.
+    assert [memoryview(buffer).nbytes for buffer in buffers] == [
+        eventlog.CHUNK_RECORDS * 48, 3 * 48, eventlog.CHUNK_RECORDS * 56, 3 * 56, 8 * 2 * (count // 3 + 1)]
     loaded = pickle.loads(data, buffers=buffers)
     writer = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER)
     try:
@@ -735,3 +740,36 @@ def test_a_flush_sent_to_a_writer_process_out_of_band_writes_the_same_rows(event
                       delivered["latency_ns"].to_pylist(), delivered["topic"].to_pylist())) == sorted(
         [(seq, seq, 5, f"rooms/{seq % 2}") for seq in range(count)]
         + [(seq, seq + 1, 5, f"rooms/{seq % 2}") for seq in range(0, count, 3)])
+
+
+def test_a_stalled_writer_holds_at_most_the_bound_in_chunks_however_small_the_flushes(events_dir):
+    """Before: a flush counted its records only, so flushes of one message each (a chunk each, 1.75
+    MiB with the group's) piled up behind a stalled writer far past the bound's memory."""
+    release = threading.Event()
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER,
+                   max_unwritten_records=4 * eventlog.CHUNK_RECORDS)
+    blocked = log._writer.submit(release.wait, WAIT)
+    try:
+        futures = []
+        for seq in range(10):
+            log.ingress(T0, meta(seq=seq), None, 10, 1)
+            log.delivered(T0, meta(seq=seq), 10, (1,))  # a chunk of each kind: weighs two chunks
+            futures.append(log.flush())
+        assert [future is not None for future in futures] == [True, True] + [False] * 8
+        assert log.records_dropped == 16
+    finally:
+        release.set()
+        blocked.result(WAIT)
+        log.close()
+    assert sorted(r["msg_seq"] for r in read_rows(events_dir)) == [0, 0, 1, 1]
+
+
+def test_a_group_with_a_bad_id_is_refused_whole_and_the_flush_goes_on(log, events_dir):
+    """Before: the ids before the bad one stayed, out of step with the groups, and the flush was lost."""
+    with pytest.raises(TypeError):
+        log.delivered(T0, meta(seq=1), 10, [1, 2, "x"])
+    log.delivered(T0 + 1, meta(seq=2), 10, [4, 5])
+    log.ingress(T0 + 2, meta(seq=3), None, 10, 6)
+    written(log)
+    assert [(r["msg_seq"], r["connection"], r["outcome"]) for r in read_rows(events_dir)] == [
+        (2, 4, "delivered"), (2, 5, "delivered"), (3, 6, "accepted")]
