@@ -190,7 +190,9 @@ class AnalyticsConfig(Section):
     flush_interval_s: float = Field(default=2.0, gt=0)
     retention_hours: float = Field(default=168, gt=0)
     # Bounds under floods: refused frames recorded per flush (the rest are counted in the metrics
-    # only), and records waiting for the writer (past it, a flush is dropped and counted).
+    # only), and records waiting for the writer (past it, a flush is dropped and counted; a flush
+    # counts at least the 16,384 records each of its chunks holds room for, and one flush alone is
+    # always taken).
     max_rejected_per_flush: int = Field(default=10_000, ge=0)
     max_unwritten_records: int = Field(default=4_000_000, ge=1000)
     # "process": a writer actor per gateway (on its node) turns records into Parquet;

@@ -403,7 +403,7 @@ class EventLog:
         count = len(rows) + packed.ingress_count + packed.group_count
         weight = len(rows) + packed.weight  # a flush holds its chunks whole until written
         behind = self._submitted - self._finished
-        if behind + weight > self.max_unwritten_records:
+        if behind and behind + weight > self.max_unwritten_records:  # one flush alone is always taken
             self.records_dropped += count
             self._recycle(packed)
             logger.warning("event log: the writer is %d records behind; dropped %d records", behind, count)

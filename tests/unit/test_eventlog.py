@@ -773,3 +773,17 @@ def test_a_group_with_a_bad_id_is_refused_whole_and_the_flush_goes_on(log, event
     written(log)
     assert [(r["msg_seq"], r["connection"], r["outcome"]) for r in read_rows(events_dir)] == [
         (2, 4, "delivered"), (2, 5, "delivered"), (3, 6, "accepted")]
+
+
+def test_a_bound_below_a_chunk_still_lets_a_flush_through_when_the_writer_is_idle(events_dir):
+    """The configuration allows a bound of 1,000 records: a flush weighs at least a chunk (16,384),
+    and was dropped every time before one flush alone was always taken."""
+    log = EventLog(events_dir, GATEWAY, retention_hours=KEEP_FOREVER, max_unwritten_records=1_000)
+    try:
+        log.ingress(T0, meta(seq=1), None, 10, 1)
+        log.delivered(T0, meta(seq=1), 10, (2,))
+        written(log)
+        assert log.records_dropped == 0
+        assert [(r["msg_seq"], r["outcome"]) for r in read_rows(events_dir)] == [(1, "accepted"), (1, "delivered")]
+    finally:
+        log.close()
