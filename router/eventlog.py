@@ -276,7 +276,7 @@ class EventLog:
             return self._writer.submit(_ray_get, self._remote.ready.remote())
         return self._writer.submit(_warm_up)
 
-    # -- hot path: one tuple appended per record ------------------------------------------
+    # -- hot path: one packed record per message received or fan-out group ----------------
 
     def sampled(self, seq: int) -> bool:
         every = self.sample_every
