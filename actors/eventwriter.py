@@ -48,7 +48,7 @@ class EventLogWriter:
         """A gateway's flush: its packed records, and its rejections and drops as pickled slices."""
         rows = unpickle_slices(row_slices)
         written = self.log.write(rows, packed)
-        if len(rows) + packed.ingress_count + packed.group_count > TRIM_AFTER_RECORDS:
+        if len(rows) + packed.records > TRIM_AFTER_RECORDS:
             del rows, packed
             trim_memory()
         return written

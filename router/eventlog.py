@@ -165,13 +165,14 @@ def _node_tag() -> str:
 _INGRESS = struct.Struct("<6q")
 _GROUP = struct.Struct("<7q")
 _INGRESS_SIZE = _INGRESS.size
+_GROUP_SIZE = _GROUP.size
 _INGRESS_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "connection", "stream")])
 _GROUP_DTYPE = np.dtype([(name, "<i8") for name in ("ts_ns", "seq", "ingress_ns", "bytes", "stream", "count",
                                                     "connection")])
 CHUNK_RECORDS = 16_384  # records per chunk: under a MiB each, so glibc serves it from its heap
 _NO_PROTOCOL_IDS = (None,) * CHUNK_RECORDS
-_INGRESS_CHUNK = CHUNK_RECORDS * _INGRESS.size
-_GROUP_CHUNK = CHUNK_RECORDS * _GROUP.size
+_INGRESS_CHUNK = CHUNK_RECORDS * _INGRESS_SIZE
+_GROUP_CHUNK = CHUNK_RECORDS * _GROUP_SIZE
 # Free chunks a log keeps for its next flushes, of each kind, at most (about 26 MiB of each): a flush
 # of 2 s at 100,000 messages/s fills 13 of each. The pool follows the flushes: one chunk more than
 # the last flush written filled.
@@ -197,18 +198,21 @@ class Flush:
 
     @property
     def ingress_count(self) -> int:
-        return (len(self.ingress) - 1) * CHUNK_RECORDS + self.ingress_end // _INGRESS.size if self.ingress else 0
+        return (len(self.ingress) - 1) * CHUNK_RECORDS + self.ingress_end // _INGRESS_SIZE if self.ingress else 0
 
     @property
     def group_count(self) -> int:
-        return (len(self.groups) - 1) * CHUNK_RECORDS + self.groups_end // _GROUP.size if self.groups else 0
+        return (len(self.groups) - 1) * CHUNK_RECORDS + self.groups_end // _GROUP_SIZE if self.groups else 0
+
+    @property
+    def records(self) -> int:
+        return self.ingress_count + self.group_count
 
     @property
     def weight(self) -> int:
         """What it counts against ``max_unwritten_records``: its records, or the records its chunks
         hold room for if that is more (a flush of one message holds a chunk of each kind)."""
-        records = self.ingress_count + self.group_count
-        return max(records, (len(self.ingress) + len(self.groups)) * CHUNK_RECORDS)
+        return max(self.records, (len(self.ingress) + len(self.groups)) * CHUNK_RECORDS)
 
 
 class EventLog:
@@ -328,7 +332,7 @@ class EventLog:
             except BaseException:
                 del ids[end:]  # a bad id: the ids stay in step with the groups
                 raise
-        self._groups_at = offset + _GROUP.size
+        self._groups_at = offset + _GROUP_SIZE
 
     def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
         origin, seq, ingress_ns, dialect, kind, topic = meta
@@ -380,10 +384,11 @@ class EventLog:
     def _recycle(self, flush: Flush) -> None:
         """``flush`` is written: its chunks serve the next records (any thread: a list's ``extend`` is
         atomic, as is the loop's ``pop``). The pool keeps about what a flush like this one fills, at
-        most ``POOL_CHUNKS``: after a burst, the next quiet flushes let the rest go. A pooled list of
-        protocol ids lets go of its ids here, not when the loop's next records overwrite them."""
+        most ``POOL_CHUNKS``: after a burst, the next quiet flushes let the rest go. A list of protocol
+        ids lets go of its ids here, not when the loop's next records overwrite them, and before it is
+        pooled (the loop may take it at once)."""
         ingress = list(zip(flush.ingress, flush.protocol_ids))
-        for _, ids in ingress[:max(0, min(POOL_CHUNKS, len(ingress) + 1) - len(self._free_ingress))]:
+        for _, ids in ingress:
             ids[:] = _NO_PROTOCOL_IDS
         for chunks, free in ((ingress, self._free_ingress), (flush.groups, self._free_groups)):
             room = min(POOL_CHUNKS, len(chunks) + 1) - len(free)
@@ -400,7 +405,7 @@ class EventLog:
         rows, packed = self._rows, self._take()
         self._rows = []
         self._rejected_in_flush = 0
-        count = len(rows) + packed.ingress_count + packed.group_count
+        count = len(rows) + packed.records
         weight = len(rows) + packed.weight  # a flush holds its chunks whole until written
         behind = self._submitted - self._finished
         if behind and behind + weight > self.max_unwritten_records:  # one flush alone is always taken

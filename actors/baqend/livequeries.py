@@ -420,7 +420,9 @@ class QueryTable:
                     if live.skip:
                         covered, done = self._covered(live, source, before, after, epoch, seq)
                         if done:
-                            caught_up = [live] if caught_up is None else caught_up + [live]
+                            if caught_up is None:
+                                caught_up = []
+                            caught_up.append(live)
                     if covered:
                         continue
                     answer = self._answer(query, self._changes(query, before, after, operation, matched))
