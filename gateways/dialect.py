@@ -81,6 +81,13 @@ class Wire(Protocol):
         every recipient of a fan-out. Without ``payload`` the connection takes it from ``frame``
         when it needs it (a compressed connection)."""
 
+    def takes_frames(self) -> bool:
+        """Whether :meth:`send_frame` would take every frame given now, as it is (open, not
+        compressed, writing not paused): then :meth:`cork_frames` may write several joined."""
+
+    def cork_frames(self, frames: bytes) -> None:
+        """Prebuilt frames, joined, written as :meth:`send_frame` writes each (after :meth:`takes_frames`)."""
+
     def flush(self) -> None:
         """Write now what this connection holds for the end of the loop turn (frames are corked:
         a turn's frames leave in one write)."""

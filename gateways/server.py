@@ -285,6 +285,23 @@ class Connection(asyncio.Protocol):
         self._corked_bytes += len(frame)
         return True
 
+    def takes_frames(self) -> bool:
+        """Whether :meth:`send_frame` takes every frame given now, as it is: the connection is open,
+        not compressed and its writing not paused (paused, a frame is refused once the outbound
+        bytes pass the limit). A fan-out of a run of messages corks them as one piece with
+        :meth:`cork_frames` only to connections for which this holds."""
+        ws = self.ws
+        return ws is not None and ws._state is OPEN and not self._paused and not self.compressed
+
+    def cork_frames(self, frames: bytes) -> None:
+        """Frames prebuilt by :func:`frame_header`, joined, corked as one piece: what
+        :meth:`send_frame` does with each of them when :meth:`takes_frames` holds."""
+        corked = self._corked
+        if not corked:
+            self.gateway.cork(self)
+        corked.append(frames)
+        self._corked_bytes += len(frames)
+
     def flush(self) -> None:
         corked = self._corked
         if not corked:

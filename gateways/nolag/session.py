@@ -833,6 +833,89 @@ class NolagSession(DialectSession):
                 refused.append(connection_id)
         NolagSession._fan_out_rest(payload, connection_ids, gateway, len(frame), others, refused, None)
 
+    def fan_out_run(self, payloads: list, connection_ids: tuple, gateway: Any) -> None:
+        """Events in a row for one delivery group (``Gateway._fan_out_run``): a topic shard's reply
+        to a window of publishes. When every recipient would take every message as the live loop
+        of :meth:`fan_out` writes it, the messages' frames are joined once and each recipient gets
+        them as one piece, its window (at QoS 1) all their entries in one update; else each
+        message goes through :meth:`fan_out`. Either way each recipient gets the same frames in
+        the same order, its window the same entries, and each message one accounting group."""
+        if not self._fan_out_joined(payloads, connection_ids, gateway):
+            for payload in payloads:
+                self.fan_out(payload, connection_ids, gateway)
+
+    def _fan_out_joined(self, payloads: list, connection_ids: tuple, gateway: Any) -> bool:
+        """:meth:`fan_out_run`'s one piece per recipient, if it applies: messages of one topic,
+        all to be acked at QoS 1 (distinct ids) or none to be acked, and every recipient live,
+        not gated, its socket taking frames as they are (``Wire.takes_frames``) and, at QoS 1,
+        subscribed at QoS 1 or 2 with room in its window for all of them and none of their ids
+        out already. False (nothing done) otherwise."""
+        first = payloads[0]
+        if type(first) is not tuple:
+            return False
+        topic = first[0]
+        acked = first[3] != 0 and first[2] is not None
+        count = len(payloads)
+        ids: list[str] = []
+        for payload in payloads:
+            if type(payload) is not tuple or payload[0] != topic:
+                return False
+            if acked:
+                if payload[3] != 1 or payload[2] is None:
+                    return False
+                ids.append(payload[2])
+            elif payload[3] != 0 and payload[2] is not None:
+                return False
+        if acked and (len(set(ids)) != count or len(set(connection_ids)) != len(connection_ids)):
+            return False  # the live loop writes a repeated id (or recipient) once: not one piece
+        dialect = self.dialect
+        live, gated = dialect.live_subs.get(topic), dialect.gated_ids
+        if live is None:
+            return False
+        subs = []
+        for connection_id in connection_ids:
+            sub = live.get(connection_id)
+            if sub is None or (gated and connection_id in gated) or not sub.wire.takes_frames():
+                return False
+            if acked:
+                window = sub.session.qos
+                unacked = window.unacked
+                if (sub.qos == 0 or len(unacked) + count > window.max_unacked
+                        or not unacked.keys().isdisjoint(ids)):
+                    return False
+            subs.append(sub)
+        frames = [codec.message_packed(topic, packed, msg_id, acked, False, filter_, None, ts_ms)
+                  for _, packed, msg_id, _, filter_, ts_ms, _, _ in payloads]
+        parts = []
+        for frame in frames:
+            parts.append(frame_header(_BINARY, len(frame)))
+            parts.append(frame)
+        joined = b"".join(parts)
+        last_ms = max(payload[5] for payload in payloads)
+        if acked:
+            due = time.monotonic() + self.qos.ack_timeout_s
+            # One entry per message, shared by every window (as the live loop shares it).
+            entries = {payload[2]: Unacked(frame, payload[5], 1, due, 1, topic)
+                       for payload, frame in zip(payloads, frames)}
+            for sub in subs:
+                sub.wire.cork_frames(joined)
+                if last_ms > sub.position:
+                    sub.position = last_ms
+                window = sub.session.qos
+                window.unacked.update(entries)
+                if due < window.next_due:
+                    window.next_due = due
+        else:
+            for sub in subs:
+                sub.wire.cork_frames(joined)
+                if last_ms > sub.position:
+                    sub.position = last_ms
+        for payload, frame in zip(payloads, frames):
+            meta = payload[-1]
+            if meta is not None:
+                gateway.account_fanout(meta, len(frame), connection_ids)
+        return True
+
     def _fan_out_acked(self, payload: tuple, connection_ids: tuple, gateway: Any) -> None:
         """A message to be acked (QoS 1 or 2, with an id), in one loop over the group: a live
         session that acks it at QoS 1 gets the frame with ``requiresAck`` (built once) and tracks it

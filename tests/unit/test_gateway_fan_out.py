@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateways.gateway import Gateway
-from router.contract import DELIVER_EVENT
+from router.contract import DELIVER_EVENT, DELIVER_EVENTS
 
 
 class Connection:
@@ -84,3 +84,40 @@ def test_write_since_writes_only_the_connections_corked_after_the_mark():
     assert written == ["answered", "other"] and gw._corked == [earlier]
     gw.write_since(gw.corked_count())  # nothing corked since: nothing written
     assert written == ["answered", "other"]
+
+
+class RunSession(FanOutSession):
+    runs: list[tuple] = []
+
+    @staticmethod
+    def fan_out_run(payloads: list, connection_ids: tuple, gateway: Any) -> None:
+        RunSession.runs.append((payloads, connection_ids))
+
+
+def test_events_in_a_row_for_the_same_group_go_to_the_dialect_as_one_run_in_order():
+    """A run is the items in a row with the same group object (a topic shard's routes, one tuple a
+    bundle's pickle keeps as one): an equal tuple, another kind or another group ends it."""
+    FanOutSession.calls.clear()
+    RunSession.runs.clear()
+    gw = gateway({1: RunSession(), 2: RunSession()})
+    group, equal = (1, 2), tuple([1, 2])
+    assert equal is not group
+    gw._apply([(DELIVER_EVENT, "a", group, None), (DELIVER_EVENT, "b", group, None),
+               (DELIVER_EVENT, "c", equal, None),  # equal, not the same object: its own
+               (DELIVER_EVENT, "d", group, None), (DELIVER_EVENT, "e", group, None), (DELIVER_EVENT, "f", group, None),
+               (DELIVER_EVENTS, (["g"],), group, None), (DELIVER_EVENT, "h", group, None)])
+    assert RunSession.runs == [(["a", "b"], group), (["d", "e", "f"], group)]
+    assert [(payload, ids) for payload, ids, _ in FanOutSession.calls] == [("c", equal), ((["g"],), group),
+                                                                          ("h", group)]
+
+
+def test_a_run_for_a_dialect_without_fan_out_run_goes_event_by_event():
+    FanOutSession.calls.clear()
+    first, second = EventSession(), EventSession()
+    group = (1, 2, 9)
+    gw = gateway({1: FanOutSession(), 2: FanOutSession()})
+    gw._apply([(DELIVER_EVENT, "a", group, None), (DELIVER_EVENT, "b", group, None)])
+    assert [payload for payload, _, _ in FanOutSession.calls] == ["a", "b"]
+    gw = gateway({1: first, 2: second})
+    gw._apply([(DELIVER_EVENT, "a", group, None), (DELIVER_EVENT, "b", group, None)])
+    assert first.events == second.events == ["a", "b"] and gw.undeliverable == 2

@@ -14,6 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateways.nolag.config import NolagConfig
+from gateways.nolag.qos import Unacked
 from gateways.nolag.session import NolagDialect, NolagSession, _Item, _Subscription
 from actors.nolag import contract as nolag
 from gateways.server import frame_header
@@ -65,6 +66,23 @@ class Wire:
 
     def send_binary(self, payload: bytes) -> bool:
         return self.send_frame(frame_header(0x2, len(payload)) + payload, 0x2, payload)
+
+    paused = False  # writing paused, under the limit: each frame is taken, but not joined ones
+    joined = 0  # runs of frames written as one piece
+
+    def takes_frames(self) -> bool:
+        return self.takes and not self.paused
+
+    def cork_frames(self, frames: bytes) -> None:
+        assert self.takes_frames()
+        self.joined += 1
+        while frames:  # the frames as send_frame would have had them, one by one
+            code = frames[1] & 0x7F
+            start = 2 if code < 126 else 4 if code == 126 else 10
+            size = code if code < 126 else int.from_bytes(frames[2:start], "big")
+            frame, frames = frames[:start + size], frames[start + size:]
+            assert frames or frame  # never an empty piece
+            self.send_frame(frame, 0x2, frame[start:])
 
 
 def connect(gateway: Gateway, dialect: NolagDialect, qos: int | None, takes: bool = True) -> NolagSession:
@@ -461,3 +479,114 @@ def test_a_qos2_gate_leaves_the_index_alone_whatever_the_sessions_subscriptions(
     assert dialect.gated_ids == set() and session.live is session.subs
     assert walked == [] and len(dialect.live_subs) == 1_000
     assert [frame["msgId"] for frame in session.wire.frames] == ["q1"]
+
+
+# -- a run of messages to one group (fan_out_run) ------------------------------------------------
+
+def test_a_run_of_messages_to_live_recipients_is_one_piece_each_with_every_entry_in_the_windows():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(ack_timeout_s=5))
+    sessions = [connect(gateway, dialect, qos) for qos in (1, 2, 1)]
+    ids = tuple(session.wire.id for session in sessions)
+    run = [message(f"m{n}", 1, 10 + n) for n in range(3)]
+
+    sessions[0].fan_out_run(run, ids, gateway)
+
+    for session in sessions:
+        assert session.wire.joined == 1  # the three frames in one piece
+        assert session.wire.frames == [{"type": "message", "topic": TOPIC, "data": {"n": 10 + n}, "msgId": f"m{n}",
+                                        "requiresAck": True, "timestamp": 10 + n} for n in range(3)]
+        assert list(session.qos.unacked) == ["m0", "m1", "m2"]
+        assert session.positions_now() == {TOPIC: 12}
+        assert session.qos.next_due == session.qos.unacked["m0"].due
+    for msg_id in ("m0", "m1", "m2"):  # one entry per message, shared by every window
+        entry = sessions[0].qos.unacked[msg_id]
+        assert all(session.qos.unacked[msg_id] is entry for session in sessions)
+        assert (entry.attempts, entry.qos, entry.topic) == (1, 1, TOPIC)
+    assert [ids_ for _, ids_ in gateway.fanouts] == [list(ids)] * 3  # one group per message
+
+    # plain messages too
+    plain = [message(None, 0, 20 + n) for n in range(2)]
+    sessions[0].fan_out_run(plain, ids, gateway)
+    assert all(session.wire.joined == 2 and len(session.wire.frames) == 5 for session in sessions)
+
+
+def _world(specs: list[str], max_unacked: int, out: list[str]) -> tuple[Gateway, list[NolagSession], tuple]:
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(max_unacked=max_unacked, ack_timeout_s=5))
+    sessions, ids = [], []
+    for spec in specs:
+        if spec in ("gone", "bare"):
+            if spec == "bare":
+                bare = Wire()
+                gateway.connections[bare.id] = bare
+                ids.append(bare.id)
+            else:
+                ids.append(99_999)
+            continue
+        qos = {"qos0": 0, "qos2": 2, "unsubscribed": None}.get(spec, 1)
+        session = connect(gateway, dialect, qos, takes=spec != "full")
+        session._ask = lambda *args, **kwargs: None  # nothing reaches a shard
+        session._ask_session = lambda command, on_result: None
+        session.recording = True  # a QoS 2 message waits for its record
+        session.wire.paused = spec == "paused"
+        for n, msg_id in enumerate(out):  # out already, waiting for their acks
+            session.qos.track(msg_id, Unacked(b"x", n, 1, 1e12, 1, TOPIC))
+        if spec == "replaying":
+            session.replaying = []
+            session._relive()
+        elif spec == "gated":
+            session.gated.append(b"a frame behind a QoS 2 message being recorded")
+            session._relive()
+        elif spec == "closed":
+            session.release()
+        sessions.append(session)
+        ids.append(session.wire.id)
+    return gateway, sessions, tuple(ids)
+
+
+def _seen(gateway: Gateway, sessions: list[NolagSession]) -> tuple:
+    """What a fan-out leaves, without the connection ids (each world numbers its own) or the due times."""
+    number = {session.wire.id: n for n, session in enumerate(sessions)}
+    windows = [([(k, e.frame, e.ts_ms, e.attempts, e.qos, e.topic) for k, e in s.qos.unacked.items()],
+                list(s.qos.unwritten), dict(s.qos.pinned)) for s in sessions]
+    return ([s.wire.frames for s in sessions], windows, [s.positions_now() for s in sessions],
+            [len(s.gated) for s in sessions], [len(s.replaying or ()) for s in sessions],
+            [(size, [number.get(i, -1) for i in ids_]) for size, ids_ in gateway.fanouts],
+            [number.get(i, -1) for i in gateway.failed], gateway.undeliverable)
+
+
+SPECS = ["qos0", "qos1", "qos2", "unsubscribed", "replaying", "gated", "full", "paused", "closed", "bare", "gone"]
+
+
+@settings(max_examples=300, deadline=None)
+@example(["qos1", "qos1"], [("a", 1), ("b", 1)], 100, [])
+@example(["qos1", "qos1"], [("a", 1), ("a", 1)], 100, [])  # an id twice in the run
+@example(["qos1", "qos2"], [("a", 1), ("b", 1)], 100, ["b"])  # out already
+@example(["qos1"], [("a", 1), ("b", 1), ("c", 1)], 2, [])  # no room for the run
+@example(["qos0", "qos1"], [(None, 0), (None, 0)], 100, [])
+@example(["qos1", "paused"], [(None, 0), (None, 0)], 100, [])
+@given(st.lists(st.sampled_from(SPECS), min_size=1, max_size=6),
+       st.lists(st.tuples(st.sampled_from([None, "a", "b", "c", "d"]), st.sampled_from([0, 1, 2])),
+                min_size=2, max_size=5),
+       st.sampled_from([2, 4, 100]), st.lists(st.sampled_from(["a", "b", "x"]), max_size=2, unique=True))
+def test_a_run_leaves_what_each_message_fanned_out_in_turn_leaves(specs: list[str], run: list[tuple], max_unacked: int,
+                                                                  out: list[str]):
+    """The same worlds, one given the run at once, the other its messages one at a time: the
+    same frames on every socket, in order, the same windows, positions, held messages and
+    accounting, whether the run went as one piece or not."""
+    payloads = [message(msg_id, qos, 100 + n) for n, (msg_id, qos) in enumerate(run)]
+    at_once, one_by_one = _world(specs, max_unacked, out), _world(specs, max_unacked, out)
+    gateway, sessions, ids = at_once
+    if not sessions:
+        return
+    sessions[0].fan_out_run(payloads, ids, gateway)
+    gateway, sessions, ids = one_by_one
+    for payload in payloads:
+        sessions[0].fan_out(payload, ids, gateway)
+    assert _seen(*at_once[:2]) == _seen(*one_by_one[:2])
+    clean = (all(spec in ("qos1", "qos2") for spec in specs) and not out
+             and all(qos == 1 and msg_id for msg_id, qos in run) and len({m for m, _ in run}) == len(run)
+             and len(run) <= max_unacked)
+    if clean:  # nothing stood in the way: one piece each
+        assert all(session.wire.joined == 1 for session in at_once[1])

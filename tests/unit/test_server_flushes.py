@@ -67,3 +67,21 @@ def test_a_refused_frame_counts_nothing():
     assert connection.send_frame(FRAME, 0x2, b"abc") is False
     connection.flush()
     assert connection.flushes == 0 and connection.transport.written == []
+
+
+def test_joined_frames_are_corked_as_one_piece_only_where_each_frame_would_be_taken_as_it_is():
+    """``takes_frames``: open, not compressed, writing not paused (a paused connection takes a
+    frame only while under its outbound limit, so a run is given frame by frame)."""
+    connection = open_connection(compressed=False)
+    assert connection.takes_frames()
+    connection.cork_frames(FRAME + FRAME)
+    connection.send_frame(FRAME, 0x2, b"abc")
+    assert connection.gateway.corked == [connection] and connection.outbound_bytes() == 3 * len(FRAME)
+    connection.flush()
+    assert connection.flushes == 1 and connection.transport.written == [FRAME * 3]
+    connection._paused = True
+    assert not connection.takes_frames()
+    connection._paused = False
+    connection.ws.state = State.CLOSING
+    assert not connection.takes_frames()
+    assert not open_connection(compressed=True).takes_frames()
