@@ -357,6 +357,7 @@ class Gateway:
     def _apply(self, items: list) -> None:
         connections = self.connections
         after = -1  # the last item of a run applied ahead (see below)
+        single_until = -1  # the last item of a run of frames that goes item by item
         for index, (kind, payload, connection_ids, meta) in enumerate(items):
             if index <= after:
                 continue
@@ -382,6 +383,16 @@ class Gateway:
                     else:
                         self.undeliverable += contract.event_messages(kind, payload)
                 continue
+            if index > single_until and len(connection_ids) > 1:
+                # A run of frames of one kind to the same group: joined once, one piece each.
+                end = index + 1
+                while end < len(items) and items[end][2] is connection_ids and items[end][0] == kind:
+                    end += 1
+                if end - index > 1:
+                    if self._write_run(items[index:end], kind, connection_ids):
+                        after = end - 1
+                        continue
+                    single_until = end - 1
             opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
             frame = frame_header(opcode, len(payload)) + payload  # built once for every recipient
             failed = None
@@ -397,6 +408,33 @@ class Gateway:
                 self.undeliverable += len(failed)
             if meta is not None:
                 self._account(meta, len(payload), connection_ids, delivered, failed)
+
+    def _write_run(self, run: list, kind: int, connection_ids: tuple) -> bool:
+        """Frames in a row of one kind for the same connections, when each is there and takes every
+        frame as it is (``Connection.takes_frames``): joined once, each connection gets them as
+        one piece; each frame accounted as one group, as one at a time would be. False (nothing
+        done) otherwise: then they go one by one."""
+        connections = self.connections
+        targets = []
+        for connection_id in connection_ids:
+            connection = connections.get(connection_id)
+            if connection is None or not connection.takes_frames():
+                return False
+            targets.append(connection)
+        opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
+        parts = []
+        for _, payload, _, _ in run:
+            parts.append(frame_header(opcode, len(payload)))
+            parts.append(payload)
+        joined = b"".join(parts)
+        for connection in targets:
+            connection.cork_frames(joined)
+        count = len(connection_ids)
+        self.delivered += count * len(run)
+        for _, payload, _, meta in run:
+            if meta is not None:
+                self._account(meta, len(payload), connection_ids, count, None)
+        return True
 
     def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
         """A dialect wrote (or failed to write) one delivery of its own making to one connection.

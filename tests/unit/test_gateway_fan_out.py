@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateways.gateway import Gateway
-from router.contract import DELIVER_EVENT, DELIVER_EVENTS
+from gateways.server import frame_header
+from router.contract import DELIVER_BINARY, DELIVER_EVENT, DELIVER_EVENTS, DELIVER_TEXT
 
 
 class Connection:
@@ -121,3 +125,72 @@ def test_a_run_for_a_dialect_without_fan_out_run_goes_event_by_event():
     gw = gateway({1: first, 2: second})
     gw._apply([(DELIVER_EVENT, "a", group, None), (DELIVER_EVENT, "b", group, None)])
     assert first.events == second.events == ["a", "b"] and gw.undeliverable == 2
+
+
+class Socket:
+    """A connection that keeps the bytes it was given (one piece per call) and takes frames or not."""
+
+    def __init__(self, takes: bool = True, joins: bool = True) -> None:
+        self.session, self.takes, self.joins = None, takes, joins
+        self.pieces: list[bytes] = []
+
+    def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
+        if self.takes:
+            self.pieces.append(frame)
+        return self.takes
+
+    def takes_frames(self) -> bool:
+        return self.takes and self.joins
+
+    def cork_frames(self, frames: bytes) -> None:
+        self.pieces.append(frames)
+
+
+def frames_gateway(sockets: dict[int, Socket]) -> Gateway:
+    gw = Gateway.__new__(Gateway)
+    gw.connections = dict(sockets)
+    gw.undeliverable = gw.delivered = 0
+    gw.metrics = gw.events = None
+    accounted: list[tuple] = []
+    gw._account = lambda meta, nbytes, ids, delivered, failed: accounted.append((meta, nbytes, ids, delivered, failed))
+    gw.accounted = accounted
+    return gw
+
+
+def test_frames_in_a_row_for_the_same_group_are_one_piece_each_and_accounted_frame_by_frame():
+    sockets = {1: Socket(), 2: Socket()}
+    gw = frames_gateway(sockets)
+    group = (1, 2)
+    gw._apply([(DELIVER_TEXT, b"a", group, "m1"), (DELIVER_TEXT, b"bb", group, "m2"), (DELIVER_BINARY, b"c", group, None),
+               (DELIVER_BINARY, b"d", group, "m4")])
+    text = frame_header(0x1, 1) + b"a" + frame_header(0x1, 2) + b"bb"
+    binary = frame_header(0x2, 1) + b"c" + frame_header(0x2, 1) + b"d"
+    assert sockets[1].pieces == sockets[2].pieces == [text, binary]
+    assert gw.delivered == 8 and gw.undeliverable == 0
+    assert gw.accounted == [("m1", 1, group, 2, None), ("m2", 2, group, 2, None), ("m4", 1, group, 2, None)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["joins", "paused", "refuses", "gone"]), min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from([DELIVER_TEXT, DELIVER_BINARY]), st.binary(max_size=3),
+                          st.sampled_from([None, "m"]), st.booleans()), max_size=6))
+def test_runs_of_frames_write_and_account_what_frames_one_at_a_time_do(kinds: list[str], items: list[tuple]):
+    """The same items with one group object (runs) and with an equal tuple each (never a run): the
+    same bytes reach each socket in the same order, the same counts and accounting."""
+
+    def world() -> tuple[Gateway, dict[int, Socket]]:
+        sockets = {n: Socket(takes=kind != "refuses", joins=kind == "joins")
+                   for n, kind in enumerate(kinds) if kind != "gone"}
+        return frames_gateway(sockets), sockets
+
+    ids = list(range(len(kinds)))
+    shared = tuple(ids)
+    runs, run_sockets = world()
+    runs._apply([(kind, payload, shared if same else tuple(ids), meta) for kind, payload, meta, same in items])
+    single, single_sockets = world()
+    single._apply([(kind, payload, tuple(ids), meta) for kind, payload, meta, _ in items])
+    assert {n: b"".join(s.pieces) for n, s in run_sockets.items()} == {n: b"".join(s.pieces)
+                                                                        for n, s in single_sockets.items()}
+    assert (runs.delivered, runs.undeliverable) == (single.delivered, single.undeliverable)
+    assert [(meta, nbytes, list(group), delivered, failed) for meta, nbytes, group, delivered, failed in runs.accounted] \
+        == [(meta, nbytes, list(group), delivered, failed) for meta, nbytes, group, delivered, failed in single.accounted]
