@@ -261,6 +261,20 @@ def test_rows_in_a_file_are_sorted_by_timestamp(log, events_dir):
     written(log)
     [path] = files_under(events_dir)
     assert pq.read_table(events_dir / path)["ts_ns"].to_pylist() == [T0, T0 + 10, T0 + 20, T0 + 30]
+    # the time's range is in the file's statistics, for a reader to skip the file
+    stats = pq.ParquetFile(events_dir / path).metadata.row_group(0).column(SCHEMA.names.index("ts_ns")).statistics
+    assert (stats.min, stats.max) == (T0, T0 + 30)
+
+
+def test_rows_of_the_same_timestamp_keep_the_order_they_were_recorded_in(log, events_dir):
+    log.delivered(T0 + 10, meta(seq=1), 1, (5, 6))
+    log.ingress(T0 + 10, meta(seq=2), "b", 1, 1)
+    log.ingress(T0, meta(seq=3), "a", 1, 1)
+    written(log)
+    [path] = files_under(events_dir)
+    table = pq.read_table(events_dir / path)
+    assert list(zip(table["ts_ns"].to_pylist(), table["connection"].to_pylist(), table["msg_seq"].to_pylist())) == [
+        (T0, 1, 3), (T0 + 10, 1, 2), (T0 + 10, 5, 1), (T0 + 10, 6, 1)]  # accepted ones are built first
 
 
 # -- flushing -------------------------------------------------------------------------------------
