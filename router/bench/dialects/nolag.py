@@ -38,6 +38,7 @@ import zlib
 from typing import Any, Callable
 
 import msgpack
+import numpy as np
 
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
@@ -57,6 +58,8 @@ _PACK = msgpack.packb
 _MSG_ID = _PACK("msgId")
 # "msgId" and its value as a str 8 of 36 bytes (the router's ids are UUIDs), the value as packed
 _UUID_MSG_ID = re.compile(re.escape(_MSG_ID) + rb"(\xd9\x24.{36})", re.DOTALL)
+# "timestamp" and its value as a uint 64 (a Unix millisecond count: above 2**32), the value's 8 bytes
+_MS_TIMESTAMP = re.compile(re.escape(_PACK("timestamp")) + rb"\xcf(.{8})", re.DOTALL)
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
@@ -107,14 +110,19 @@ def padded(topic: str, body: str) -> str:
 class _Acker:
     """A QoS 1 receiver's handler (``HANDLE`` mode): reads each message's ``msgId`` (found in the
     frame's bytes, nothing decoded), acknowledges them in ``batchAck`` frames, and counts a message
-    once: a redelivery (its ack was late) is counted apart as a duplicate."""
+    once: a redelivery (its ack was late) is counted apart as a duplicate.
 
-    __slots__ = ("client", "dialect", "every", "pending", "seen", "timer")
+    A message is new when its ``timestamp`` is above every one the connection got before: the
+    topic shard stamps a topic's messages strictly increasing and writes them to a subscriber in
+    that order, and a redelivery is the same frame. (A set of every id seen, kept before, grew by
+    a message per delivery for the whole run: 37 % of a receiver's time, and more as it grew.)"""
+
+    __slots__ = ("client", "dialect", "every", "pending", "top", "timer")
 
     def __init__(self, client: WsClient, dialect: "NolagClientDialect", every: int) -> None:
         self.client, self.dialect, self.every = client, dialect, every
         self.pending: list[bytes] = []
-        self.seen: set[bytes] = set()
+        self.top = -1  # the highest timestamp the connection got
         self.timer: asyncio.TimerHandle | None = None
 
     def __call__(self, payload: bytes) -> int:
@@ -135,19 +143,27 @@ class _Acker:
             self.flush()
         elif self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
-        if msg_id in self.seen:
+        found = _MS_TIMESTAMP.search(payload, end)
+        if found is None:
+            return 1  # not stamped as the router stamps: counted, not checked
+        stamp = int.from_bytes(found.group(1), "big")
+        if stamp <= self.top:
             self.dialect.duplicates += 1
             return 0
-        self.seen.add(msg_id)
+        self.top = stamp
         return 1
 
     def chunk(self, buffer: bytearray, end: int, frames: int) -> int | None:
-        """``frames`` complete data frames in ``buffer[:end]``, read at once: their ids found by one
-        search (a message's ``msgId`` as the router writes it, a UUID's 36 characters), queued
-        for ``batchAck`` and counted by set operations, with no Python work per frame. None (then
-        each frame goes to ``__call__``) unless every frame holds exactly one such id."""
+        """``frames`` complete data frames in ``buffer[:end]``, read at once: their ids and
+        timestamps found by one search each (a message's ``msgId`` as the router writes it, a
+        UUID's 36 characters; its ``timestamp``), the ids queued for ``batchAck`` and the new
+        messages counted in numpy, with no Python work per frame. None (then each frame goes to
+        ``__call__``) unless every frame holds exactly one of each."""
         ids = _UUID_MSG_ID.findall(buffer, 0, end)
         if len(ids) != frames:
+            return None
+        stamps = _MS_TIMESTAMP.findall(buffer, 0, end)
+        if len(stamps) != frames:
             return None
         pending, every = self.pending, self.every
         pending += ids
@@ -161,11 +177,14 @@ class _Acker:
                 self.timer = None
         if pending and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
-        seen = self.seen
-        before = len(seen)
-        seen.update(ids)
-        fresh = len(seen) - before
-        self.dialect.duplicates += frames - fresh
+        return self._fresh(np.frombuffer(b"".join(stamps), dtype=">u8").astype(np.int64))
+
+    def _fresh(self, stamps: np.ndarray) -> int:
+        """How many of ``stamps`` (in the order received) are above every one before them."""
+        before = np.maximum.accumulate(np.concatenate(([self.top], stamps[:-1])))
+        fresh = int(np.count_nonzero(stamps > before))
+        self.top = max(self.top, int(stamps.max()))
+        self.dialect.duplicates += len(stamps) - fresh
         return fresh
 
     def flush(self) -> None:
