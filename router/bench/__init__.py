@@ -184,7 +184,9 @@ def _matching(args: argparse.Namespace) -> int:
     params = Options(params=_params(args.param))
     queries = params.param("baqend.queries", [1000, 2000, 5000, 10_000, 20_000])
     per_group, matches = params.param("baqend.per_group", 200), params.param("baqend.matches", 10)
-    rows = baqend.matching_run(queries if isinstance(queries, list) else [queries], per_group, matches)
+    orders = params.param("baqend.order", "round", str)
+    rows = baqend.matching_run(queries if isinstance(queries, list) else [queries], per_group, matches,
+                               orders=tuple(orders) if isinstance(orders, list) else (orders,))
     out = Path(args.out or "benchmarks/results/bench-matching.json")
     write_json(out, {"scenario": "matching", "machine": machine(), "per_group": per_group, "matches": matches,
                      "results": rows})

@@ -31,3 +31,23 @@ def test_router_bench_matching_writes_one_row_per_query_count(tmp_path, capsys):
     assert [(row["queries"], row["writes"], len(row["runs_us_per_write"])) for row in written["results"]] == [
         (20, 6, 3), (40, 12, 3)]
     assert "20 queries" in capsys.readouterr().out
+
+
+def test_the_grouped_order_sends_the_same_writes_with_a_groups_in_a_row():
+    """Each order makes the same events (a group's writes keep their order), so the two curves
+    differ only in where the state was when a write came."""
+    rows = [baqend.matching_measure(100, per_group=20, matches=10, order=order) for order in ("round", "grouped")]
+    assert [(row["order"], row["writes"], row["events_per_write"]) for row in rows] == [
+        ("round", 200, (200 * 10 + 10 * 10) / 200), ("grouped", 200, (200 * 10 + 10 * 10) / 200)]
+    with pytest.raises(SystemExit, match="not one of"):
+        baqend.matching_measure(100, per_group=1, matches=10, order="random")
+
+
+def test_router_bench_matching_takes_both_orders(tmp_path):
+    out = tmp_path / "matching.json"
+    args = build_parser().parse_args(["bench", "matching", "--param", "baqend.queries=20",
+                                      "--param", "baqend.per_group=3", "--param", "baqend.order=round,grouped",
+                                      "--out", str(out)])
+    assert run(args) == 0
+    assert [(row["queries"], row["order"]) for row in json.loads(out.read_text())["results"]] == [
+        (20, "round"), (20, "grouped")]
