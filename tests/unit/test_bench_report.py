@@ -219,8 +219,10 @@ def test_a_nolag_receivers_batch_ack_joins_the_ids_as_the_router_packed_them(cou
 
     ids = [f"{index:08x}-0000-4000-8000-000000000000" if index % 3 == 1 else str(index).rjust(256, "x") if index % 3 == 2
            else f"m{index}" for index in range(count)]  # str 8, str 16 (the longest id) and fixstr
-    frames = [codec.message_packed("app/room/t", msgpack.packb("x"), msg_id, True, False, None, None, 1)
-              for msg_id in ids]
+    # stamped as the shard stamps a topic's messages: Unix milliseconds, strictly increasing
+    frames = [codec.message_packed("app/room/t", msgpack.packb("x"), msg_id, True, False, None, None,
+                                   1_700_000_000_000 + index)
+              for index, msg_id in enumerate(ids)]
 
     class Client:
         closed = type("Done", (), {"done": staticmethod(lambda: False)})()
@@ -262,8 +264,9 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     from router.bench.dialects.nolag import _Acker
     from router.bench.wire import HANDLE, Tally, WsClient
 
-    def message(msg_id: str) -> bytes:
-        payload = codec.message_packed("app/room/t", msgpack.packb("x" * 50), msg_id, True, False, None, None, 1)
+    def message(msg_id: str, stamp: int) -> bytes:  # stamp: the shard's, strictly increasing per topic
+        payload = codec.message_packed("app/room/t", msgpack.packb("x" * 50), msg_id, True, False, None, None,
+                                       1_700_000_000_000 + stamp)
         return frame_header(0x2, len(payload)) + payload
 
     class Transport:
@@ -313,7 +316,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
         return asyncio.run(run())
 
     ids = [str(uuid.UUID(int=index)) for index in range(10)]
-    frames = [message(msg_id) for msg_id in ids] + [message(ids[2])]  # the last one: a redelivery
+    frames = [message(msg_id, index) for index, msg_id in enumerate(ids)] + [message(ids[2], 2)]  # a redelivery
     stream = b"".join(frames)
     cut = len(stream) - len(frames[-1]) // 2  # the last frame split over two reads
     chunks = [stream[:len(frames[0]) * 3], stream[len(frames[0]) * 3:cut], stream[cut:]]
@@ -327,7 +330,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     assert receive(chunks[:2], chunked=True)[0] == 10 and receive(chunks[:2], chunked=True)[5] == stream[
         len(stream) - len(frames[-1]):cut]
     # an id that is not a UUID: the read goes frame by frame, with the same result
-    short = [message(f"m{index}") for index in range(6)]
+    short = [message(f"m{index}", index) for index in range(6)]
     assert receive([b"".join(short)], chunked=True) == receive([b"".join(short)], chunked=False)
     assert receive([b"".join(short)], chunked=True)[:3] == (6, 0, 1)
     # a read that leaves nothing pending leaves no idle timer either
