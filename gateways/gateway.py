@@ -483,32 +483,31 @@ class Gateway:
         connection_ids, gateway)`` takes them all in one call (its frame built once, one loop over
         the ids, counting the connections that are gone as undeliverable); else each session's
         ``on_event``. One delivery group holds connections of one dialect."""
-        connections = self.connections
-        for connection_id in connection_ids:
-            connection = connections.get(connection_id)
-            if connection is not None and connection.session is not None:
-                fan_out = getattr(connection.session, "fan_out", None)
-                if fan_out is not None:
-                    fan_out(payload, connection_ids, self)
-                    return
-                break
-        self.each_event(payload, connection_ids)
+        fan_out = getattr(self._first_session(connection_ids), "fan_out", None)
+        if fan_out is not None:
+            fan_out(payload, connection_ids, self)
+        else:
+            self.each_event(payload, connection_ids)
 
     def _fan_out_run(self, payloads: list, connection_ids: tuple) -> None:
         """Events in a row for the same connections: a dialect whose sessions have
         ``fan_out_run(payloads, connection_ids, gateway)`` takes them in one call (what it writes
         is what ``fan_out`` of each in turn would write); else each as :meth:`_fan_out` does."""
+        fan_out_run = getattr(self._first_session(connection_ids), "fan_out_run", None)
+        if fan_out_run is not None:
+            fan_out_run(payloads, connection_ids, self)
+        else:
+            for payload in payloads:
+                self._fan_out(payload, connection_ids)
+
+    def _first_session(self, connection_ids: tuple) -> Any:
+        """The session of the first of ``connection_ids`` that has one (None: none has)."""
         connections = self.connections
         for connection_id in connection_ids:
             connection = connections.get(connection_id)
             if connection is not None and connection.session is not None:
-                fan_out_run = getattr(connection.session, "fan_out_run", None)
-                if fan_out_run is not None:
-                    fan_out_run(payloads, connection_ids, self)
-                    return
-                break
-        for payload in payloads:
-            self._fan_out(payload, connection_ids)
+                return connection.session
+        return None
 
     def each_event(self, payload: Any, connection_ids: tuple) -> None:
         """``payload`` to the session of each of ``connection_ids`` by its ``on_event``; a
