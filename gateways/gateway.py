@@ -413,7 +413,10 @@ class Gateway:
         """Frames in a row of one kind for the same connections, when each is there and takes every
         frame as it is (``Connection.takes_frames``): joined once, each connection gets them as
         one piece; each frame accounted as one group, as one at a time would be. False (nothing
-        done) otherwise: then they go one by one."""
+        done) otherwise, or when a connection is in the group twice (frame by frame it gets each
+        frame twice in a row): then they go one by one."""
+        if len(set(connection_ids)) != len(connection_ids):
+            return False
         connections = self.connections
         targets = []
         for connection_id in connection_ids:

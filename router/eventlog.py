@@ -600,7 +600,9 @@ class EventLog:
         hours = pa.array(table["ts_ns"].to_numpy() // HOUR_NS)
         distinct = pc.unique(hours).to_pylist()
         for hour in distinct:
-            part = table if len(distinct) == 1 else table.filter(pc.equal(hours, hour))
+            # A part of a flush that spans hours: its coded columns as plain strings, so that its
+            # file's dictionaries hold only its own values (a filter keeps the whole dictionary).
+            part = table if len(distinct) == 1 else table.filter(pc.equal(hours, hour)).cast(SCHEMA)
             stamp = time.gmtime(hour * 3600)
             folder = location.path(f"date={time.strftime('%Y-%m-%d', stamp)}", f"hour={stamp.tm_hour:02d}")
             first = pc.min(part["ts_ns"]).as_py()
@@ -708,7 +710,8 @@ def _by_time(table: pa.Table) -> pa.Table:
     ts = table["ts_ns"].to_numpy()
     if len(ts) < 2 or (ts[1:] >= ts[:-1]).all():
         return table
-    return table.take(pa.array(np.argsort(ts, kind="stable")))
+    # one dictionary per column across the table's chunks (the flush's parts each coded their own)
+    return table.unify_dictionaries().take(pa.array(np.argsort(ts, kind="stable")))
 
 
 def _constant(value: str, count: int) -> pa.Array:

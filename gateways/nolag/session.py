@@ -849,7 +849,7 @@ class NolagSession(DialectSession):
         all to be acked at QoS 1 (distinct ids) or none to be acked, and every recipient live,
         not gated, its socket taking frames as they are (``Wire.takes_frames``) and, at QoS 1,
         subscribed at QoS 1 or 2 with room in its window for all of them and none of their ids
-        out already. False (nothing done) otherwise."""
+        out already, no recipient twice in the group. False (nothing done) otherwise."""
         first = payloads[0]
         if type(first) is not tuple:
             return False
@@ -866,8 +866,8 @@ class NolagSession(DialectSession):
                 ids.append(payload[2])
             elif payload[3] != 0 and payload[2] is not None:
                 return False
-        if acked and (len(set(ids)) != count or len(set(connection_ids)) != len(connection_ids)):
-            return False  # the live loop writes a repeated id (or recipient) once: not one piece
+        if len(set(connection_ids)) != len(connection_ids) or (acked and len(set(ids)) != count):
+            return False  # a recipient twice gets each message twice in a row; a repeated id is written once
         dialect = self.dialect
         live, gated = dialect.live_subs.get(topic), dialect.gated_ids
         if live is None:
@@ -893,7 +893,7 @@ class NolagSession(DialectSession):
         joined = b"".join(parts)
         last_ms = max(payload[5] for payload in payloads)
         if acked:
-            due = time.monotonic() + self.qos.ack_timeout_s
+            due = time.monotonic() + self.qos.ack_timeout_s  # one clock read for the run (each message read its own)
             # One entry per message, shared by every window (as the live loop shares it).
             entries = {payload[2]: Unacked(frame, payload[5], 1, due, 1, topic)
                        for payload, frame in zip(payloads, frames)}

@@ -357,6 +357,21 @@ def test_records_land_in_the_folder_of_their_utc_hour(log, events_dir):
     assert hour_11["msg_seq"].to_pylist() == [2, 2, 2]
 
 
+def test_a_file_of_a_flush_that_spans_hours_holds_only_its_own_strings(log, events_dir):
+    """A part of a flush keeps its own values only: a topic of the next hour is not in the
+    dictionary of the file of this one (which a reader would take for a value it holds)."""
+    last_of_10, first_of_11 = at(2026, 3, 1, 10, 59, 59), at(2026, 3, 1, 11)
+    log.ingress(last_of_10, meta(seq=1, topic="rooms/ten"), None, 1, 1)
+    log.delivered(first_of_11, meta(seq=2, t0=first_of_11, topic="rooms/eleven"), 1, (2, 3))
+    written(log)
+    ten, eleven = [events_dir / path for path in files_under(events_dir)]
+    for path, own in ((ten, ["rooms/ten"]), (eleven, ["rooms/eleven"])):  # the file's dictionary, as stored
+        assert pq.read_table(path, read_dictionary=["topic"])["topic"].chunk(0).dictionary.to_pylist() == own
+    assert pq.read_table(ten)["topic"].to_pylist() == ["rooms/ten"]
+    assert pq.read_table(eleven)["topic"].to_pylist() == ["rooms/eleven"] * 2
+    assert pq.read_schema(ten).equals(SCHEMA) and pq.read_schema(eleven).equals(SCHEMA)
+
+
 def test_partitions_follow_the_utc_date_across_midnight(log, events_dir):
     before = at(2026, 2, 28, 23, 59, 59)
     after = at(2026, 3, 1, 0, 0, 0)

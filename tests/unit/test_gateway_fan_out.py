@@ -194,3 +194,14 @@ def test_runs_of_frames_write_and_account_what_frames_one_at_a_time_do(kinds: li
     assert (runs.delivered, runs.undeliverable) == (single.delivered, single.undeliverable)
     assert [(meta, nbytes, list(group), delivered, failed) for meta, nbytes, group, delivered, failed in runs.accounted] \
         == [(meta, nbytes, list(group), delivered, failed) for meta, nbytes, group, delivered, failed in single.accounted]
+
+
+def test_a_group_holding_a_connection_twice_goes_frame_by_frame():
+    """Frame by frame, a connection in the group twice gets each frame twice in a row; one piece
+    each would interleave the run (a, b, a, b): such a group is not joined."""
+    sockets = {1: Socket(), 2: Socket()}
+    gw = frames_gateway(sockets)
+    group = (1, 1, 2)
+    gw._apply([(DELIVER_TEXT, b"a", group, None), (DELIVER_TEXT, b"b", group, None)])
+    a, b = frame_header(0x1, 1) + b"a", frame_header(0x1, 1) + b"b"
+    assert sockets[1].pieces == [a, a, b, b] and sockets[2].pieces == [a, b]

@@ -566,6 +566,7 @@ SPECS = ["qos0", "qos1", "qos2", "unsubscribed", "replaying", "gated", "full", "
 @example(["qos1"], [("a", 1), ("b", 1), ("c", 1)], 2, [])  # no room for the run
 @example(["qos0", "qos1"], [(None, 0), (None, 0)], 100, [])
 @example(["qos1", "paused"], [(None, 0), (None, 0)], 100, [])
+@example(["qos0", "qos1", "qos0"], [(None, 0), (None, 0)], 100, [])
 @given(st.lists(st.sampled_from(SPECS), min_size=1, max_size=6),
        st.lists(st.tuples(st.sampled_from([None, "a", "b", "c", "d"]), st.sampled_from([0, 1, 2])),
                 min_size=2, max_size=5),
@@ -575,8 +576,25 @@ def test_a_run_leaves_what_each_message_fanned_out_in_turn_leaves(specs: list[st
     """The same worlds, one given the run at once, the other its messages one at a time: the
     same frames on every socket, in order, the same windows, positions, held messages and
     accounting, whether the run went as one piece or not."""
+    _same_as_one_at_a_time(specs, run, max_unacked, out, twice=False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["qos0", "qos1", "qos2"]), min_size=1, max_size=3),
+       st.lists(st.tuples(st.sampled_from([None, "a", "b"]), st.sampled_from([0, 1])), min_size=2, max_size=4))
+@example(["qos1"], [("a", 1), ("b", 1)])
+@example(["qos0", "qos0"], [(None, 0), (None, 0)])
+def test_a_run_to_a_group_holding_a_recipient_twice_leaves_what_one_at_a_time_leaves(specs: list[str],
+                                                                                   run: list[tuple]):
+    """Message by message, a recipient in the group twice gets each message twice in a row."""
+    _same_as_one_at_a_time(specs, run, 100, [], twice=True)
+
+
+def _same_as_one_at_a_time(specs: list[str], run: list[tuple], max_unacked: int, out: list[str], twice: bool) -> None:
     payloads = [message(msg_id, qos, 100 + n) for n, (msg_id, qos) in enumerate(run)]
     at_once, one_by_one = _world(specs, max_unacked, out), _world(specs, max_unacked, out)
+    if twice:  # the first recipient in the group twice
+        at_once, one_by_one = [(g, s, ids[:1] + ids) for g, s, ids in (at_once, one_by_one)]
     gateway, sessions, ids = at_once
     if not sessions:
         return
@@ -588,5 +606,8 @@ def test_a_run_leaves_what_each_message_fanned_out_in_turn_leaves(specs: list[st
     clean = (all(spec in ("qos1", "qos2") for spec in specs) and not out
              and all(qos == 1 and msg_id for msg_id, qos in run) and len({m for m, _ in run}) == len(run)
              and len(run) <= max_unacked)
-    if clean:  # nothing stood in the way: one piece each
+    if twice:  # a recipient twice: message by message
+        assert all(session.wire.joined == 0 for session in at_once[1])
+    elif clean:  # nothing stood in the way: one piece each
         assert all(session.wire.joined == 1 for session in at_once[1])
+
