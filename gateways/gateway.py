@@ -24,7 +24,7 @@ from actors.eventwriter import EventLogWriterActor
 from gateways.addresses import address_key
 from gateways.dialect import HttpRequest, HttpResponse, HttpRoute
 from gateways.dialects import build_dialects, shard_kinds
-from gateways.server import Connection, Listener, frame_header
+from gateways.server import Connection, Listener, frame_header, joined_frames
 from gateways.shardclient import DeliverySequencer, ShardClient
 from router.settings import RouterSettings
 from router import contract
@@ -38,6 +38,17 @@ logger = logging.getLogger(__name__)
 
 _TEXT_OPCODE = 0x1
 _BINARY_OPCODE = 0x2
+
+
+def _run_end(items: list, index: int) -> int:
+    """Where the run that ``items[index]`` starts ends: the deliveries after it of the same kind to
+    the same group object (a topic shard keeps a topic's routes as one tuple, and a bundle's pickle
+    keeps one object as one)."""
+    kind, _, group, _ = items[index]
+    end = index + 1
+    while end < len(items) and items[end][2] is group and items[end][0] == kind:
+        end += 1
+    return end
 
 
 def _flush_each(connections: list[Connection]) -> None:
@@ -363,13 +374,9 @@ class Gateway:
                 continue
             if kind == DELIVER_EVENT or kind == DELIVER_EVENTS:
                 if len(connection_ids) > 1:
-                    # A run: the next events go to the same group (the shard keeps a topic's routes
-                    # as one tuple, which a bundle's pickle keeps as one object), e.g. its reply to
-                    # a window of publishes to one topic. They go to the dialect together.
-                    end = index + 1
-                    if kind == DELIVER_EVENT:
-                        while end < len(items) and items[end][2] is connection_ids and items[end][0] == DELIVER_EVENT:
-                            end += 1
+                    # A run (e.g. a topic shard's reply to a window of publishes to one topic):
+                    # the events go to the dialect together.
+                    end = _run_end(items, index) if kind == DELIVER_EVENT else index + 1
                     if end - index > 1:
                         self._fan_out_run([item[1] for item in items[index:end]], connection_ids)
                         after = end - 1
@@ -385,9 +392,7 @@ class Gateway:
                 continue
             if index > single_until and len(connection_ids) > 1:
                 # A run of frames of one kind to the same group: joined once, one piece each.
-                end = index + 1
-                while end < len(items) and items[end][2] is connection_ids and items[end][0] == kind:
-                    end += 1
+                end = _run_end(items, index)
                 if end - index > 1:
                     if self._write_run(items[index:end], kind, connection_ids):
                         after = end - 1
@@ -424,12 +429,7 @@ class Gateway:
             if connection is None or not connection.takes_frames():
                 return False
             targets.append(connection)
-        opcode = _TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE
-        parts = []
-        for _, payload, _, _ in run:
-            parts.append(frame_header(opcode, len(payload)))
-            parts.append(payload)
-        joined = b"".join(parts)
+        joined = joined_frames(_TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE, [item[1] for item in run])
         for connection in targets:
             connection.cork_frames(joined)
         count = len(connection_ids)

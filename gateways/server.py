@@ -71,6 +71,15 @@ def frame_header(opcode: int, length: int) -> bytes:
     return struct.pack("!BBQ", 0x80 | opcode, 127, length)
 
 
+def joined_frames(opcode: int, payloads: list[bytes]) -> bytes:
+    """``payloads`` as frames of ``opcode`` (each with its :func:`frame_header`), back to back."""
+    parts = []
+    for payload in payloads:
+        parts.append(frame_header(opcode, len(payload)))
+        parts.append(payload)
+    return b"".join(parts)
+
+
 def encode_http_response(response: HttpResponse, keep_alive: bool) -> bytes:
     phrase = _STATUS_PHRASES.get(response.status, "Unknown")
     lines = [f"HTTP/1.1 {response.status} {phrase}"]
@@ -249,11 +258,7 @@ class Connection(asyncio.Protocol):
         one, when the connection is compressed)."""
         if self.compressed:
             return all([self.send_frame(b"", _BINARY, payload) for payload in payloads])
-        parts = []
-        for payload in payloads:
-            parts.append(frame_header(_BINARY, len(payload)))
-            parts.append(payload)
-        return self.send_frame(b"".join(parts), _BINARY, b"")
+        return self.send_frame(joined_frames(_BINARY, payloads), _BINARY, b"")
 
     def send_frame(self, frame: bytes, opcode: int, payload: bytes | None = None) -> bool:
         """Write a frame prebuilt by :func:`frame_header` (fan-out); falls back when compressed (on

@@ -43,7 +43,7 @@ from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from gateways.nolag.config import NolagConfig
 from gateways.nolag.qos import QosWindow, Unacked
-from gateways.server import frame_header
+from gateways.server import frame_header, joined_frames
 from gateways.shardclient import ShardLink
 from router import contract
 from router.contract import now_ms
@@ -886,30 +886,22 @@ class NolagSession(DialectSession):
             subs.append(sub)
         frames = [codec.message_packed(topic, packed, msg_id, acked, False, filter_, None, ts_ms)
                   for _, packed, msg_id, _, filter_, ts_ms, _, _ in payloads]
-        parts = []
-        for frame in frames:
-            parts.append(frame_header(_BINARY, len(frame)))
-            parts.append(frame)
-        joined = b"".join(parts)
+        joined = joined_frames(_BINARY, frames)
         last_ms = max(payload[5] for payload in payloads)
         if acked:
             due = time.monotonic() + self.qos.ack_timeout_s  # one clock read for the run (each message read its own)
             # One entry per message, shared by every window (as the live loop shares it).
             entries = {payload[2]: Unacked(frame, payload[5], 1, due, 1, topic)
                        for payload, frame in zip(payloads, frames)}
-            for sub in subs:
-                sub.wire.cork_frames(joined)
-                if last_ms > sub.position:
-                    sub.position = last_ms
+        for sub in subs:
+            sub.wire.cork_frames(joined)
+            if last_ms > sub.position:
+                sub.position = last_ms
+            if acked:
                 window = sub.session.qos
                 window.unacked.update(entries)
                 if due < window.next_due:
                     window.next_due = due
-        else:
-            for sub in subs:
-                sub.wire.cork_frames(joined)
-                if last_ms > sub.position:
-                    sub.position = last_ms
         for payload, frame in zip(payloads, frames):
             meta = payload[-1]
             if meta is not None:
