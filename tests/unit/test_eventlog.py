@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router import eventlog
 from router.eventlog import COLUMNS, SCHEMA, EventLog
@@ -275,6 +277,70 @@ def test_rows_of_the_same_timestamp_keep_the_order_they_were_recorded_in(log, ev
     table = pq.read_table(events_dir / path)
     assert list(zip(table["ts_ns"].to_pylist(), table["connection"].to_pylist(), table["msg_seq"].to_pylist())) == [
         (T0, 1, 3), (T0 + 10, 1, 2), (T0 + 10, 5, 1), (T0 + 10, 6, 1)]  # accepted ones are built first
+
+
+# Any mix of records, as a reference builds their rows: each record's rows (a group's one per
+# connection) in the order the log takes them (rejections and drops, then accepted messages, then
+# groups, each in the order recorded), sorted stably by timestamp. Chunks of 3 records, so a flush
+# spans several; timestamps collide often, as a fan-out's and its publish's do.
+_RECORD = st.tuples(
+    st.sampled_from(["ingress", "delivered", "dropped", "rejected"]),
+    st.integers(0, 6),  # ts_ns - T0
+    st.integers(0, 5),  # latency (ingress ts_ns = ts_ns - latency)
+    st.sampled_from([GATEWAY, OTHER_GATEWAY]),
+    st.sampled_from(["signal", "nolag"]),
+    st.sampled_from(["hub:publish", "message", None]),
+    st.sampled_from(["rooms/a", "rooms/b", None]),
+    st.sampled_from([None, "p-1", "p-2"]),
+    st.lists(st.integers(1, 9), max_size=4),  # a group's connections (the first for one-connection records)
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_RECORD, max_size=25))
+def test_a_flush_writes_every_record_as_a_reference_would_in_timestamp_order(tmp_path_factory, records):
+    directory = tmp_path_factory.mktemp("events")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eventlog, "CHUNK_RECORDS", 3)
+        patch.setattr(eventlog, "_NO_PROTOCOL_IDS", (None,) * 3)
+        patch.setattr(eventlog, "_INGRESS_CHUNK", 3 * eventlog._INGRESS_SIZE)
+        patch.setattr(eventlog, "_GROUP_CHUNK", 3 * eventlog._GROUP_SIZE)
+        log = EventLog(directory, GATEWAY, retention_hours=KEEP_FOREVER)
+        rows, accepted, groups = [], [], []
+        for seq, (kind, offset, latency, origin, dialect, message_kind, topic, protocol_id, connections) in enumerate(
+                records):
+            ts = T0 + offset
+            m = meta(seq=seq, t0=ts - latency, origin=origin, dialect=dialect, kind=message_kind, topic=topic)
+            common = dict(ts_ns=ts, dialect=dialect, kind=message_kind, topic=topic, gateway=GATEWAY, origin=origin,
+                          msg_seq=seq, bytes=10 + seq)
+            connection = connections[0] if connections else -1
+            if kind == "ingress":
+                log.ingress(ts, m, protocol_id, 10 + seq, connection)
+                accepted.append(row(**common, direction="in", connection=connection, protocol_id=protocol_id,
+                                    outcome="accepted"))
+            elif kind == "delivered":
+                log.delivered(ts, m, 10 + seq, tuple(connections))
+                groups.extend(row(**common, direction="out", connection=each, latency_ns=latency,
+                                  outcome="delivered") for each in connections)
+            elif kind == "dropped":
+                log.dropped(ts, m, 10 + seq, connection, "slow_consumer")
+                rows.append(row(**common, direction="out", connection=connection, latency_ns=latency,
+                                outcome="dropped", reason="slow_consumer"))
+            else:
+                log.rejected(ts, m, protocol_id, 10 + seq, connection, "too_large")
+                rows.append(row(**common, direction="in", connection=connection, protocol_id=protocol_id,
+                                outcome="rejected", reason="too_large"))
+        expected = sorted(rows + accepted + groups, key=lambda each: each["ts_ns"])  # stable
+        future = log.flush()
+        if future is not None:
+            assert future.result(timeout=WAIT) is None
+        log.close()
+    paths = files_under(directory)
+    assert len(paths) == (1 if expected else 0)
+    for path in paths:
+        table = pq.read_table(directory / path)
+        assert table.schema.equals(SCHEMA)
+        assert table.to_pylist() == expected
 
 
 # -- flushing -------------------------------------------------------------------------------------
