@@ -329,6 +329,10 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
             measured["rss_before"] = rss_before
             measured["rss_after"] = {role: rss_bytes(group) for role, group in processes.items()}
         delivered_before = system.delivered() if hasattr(system, "delivered") else None
+        logged_before = None
+        if getattr(system, "eventlog", False) and hasattr(system, "event_log"):
+            system.settle()  # what set-up logged is written before the count starts
+            logged_before = system.event_log()
         groups = {**processes, "loadgen": [psutil.Process(worker.pid) for worker in workers]}
         sampler = CpuSampler(groups)
         sampler.start()
@@ -356,6 +360,12 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
     row.update(case.summarise(system, collected, measured))
     if delivered_before is not None:  # the gateways' own count of frames written (replies included)
         row["gateway_frames_written"] = system.delivered() - delivered_before
+    if logged_before is not None:  # the event log's rows of the case, once written, and any it dropped
+        system.settle()
+        rows, dropped = system.event_log()
+        row["eventlog_rows"], row["eventlog_dropped"] = rows - logged_before[0], dropped - logged_before[1]
+        if row["eventlog_dropped"]:
+            row["notes"] = "; ".join(filter(None, [row.get("notes"), f"event log dropped {row['eventlog_dropped']:,}"]))
     row["loadgen_processes"] = len(workers)
     if case.memory:  # nothing runs after set-up: CPU would mean nothing
         return row

@@ -210,6 +210,14 @@ class RouterSystem(System):
 
         ray.get([record.actor.flush_events.remote() for record in self.router.gateways], timeout=600)
 
+    def event_log(self) -> tuple[int, int]:
+        """The gateways' event logs: rows written and records dropped (a writer that fell behind) so far."""
+        import ray
+
+        logs = [stats["event_log"] for stats in ray.get([record.actor.stats.remote() for record in self.router.gateways],
+                                                        timeout=30)]
+        return (sum(log["rows_written"] for log in logs if log), sum(log["records_dropped"] for log in logs if log))
+
     def delivered(self) -> int:
         """Frames the gateways have written (their own count: a cross-check of the receivers')."""
         import ray

@@ -41,6 +41,18 @@ def test_router_bench_runs_every_nolag_scenario_with_exact_counts(tmp_path):
         # the gateway's own count: nothing written to anyone but the receivers, nothing twice
         assert row["gateway_frames_written"] == 20_000, row
         assert "notes" not in row, row
+    # the event log kept every message and delivery of each case, written before the next began:
+    # a publish's row and its deliveries' (at QoS 1 the receivers' batchAcks too), none dropped
+    publishes = {"topics": 2_000, "groups": 2_000}
+    for key, row in rows.items():
+        assert row["eventlog_dropped"] == 0, row
+    assert fanout["eventlog_rows"] == 20_000 + 200, fanout
+    assert rows["topics", "100 topics x 10 subs, 10 pubs"]["eventlog_rows"] == 20_000 + publishes["topics"]
+    assert groups["eventlog_rows"] == 20_000 + publishes["groups"], groups
+    # a receiver's last batchAck may still be on its way when the case's count is taken (it then
+    # counts in the next case's set-up, written before that case starts)
+    assert 20_000 + 200 + qos1["batch_acks"] - 100 <= qos1["eventlog_rows"] <= 20_000 + 200 + qos1["batch_acks"], qos1
+    assert rows["connections", "200 idle"]["eventlog_rows"] == 0
     assert "compare" not in fanout
     assert qos1["compare"] == "S=100"
     # each of the 100 subscribers acked its 200 messages in batches of at most 100
