@@ -172,10 +172,11 @@ class Gateway:
         }
 
     async def flush_events(self) -> int:
-        """Write the buffered event-log records now; returns the rows written so far."""
+        """Write the buffered event-log records now, and wait for the writes already under way (a
+        periodic flush's); returns the rows written so far."""
         if self.events is None:
             return 0
-        pending = self.events.flush()
+        pending = self.events.flush_all()
         if pending is not None:
             await asyncio.wrap_future(pending)
         return self.events.rows_written

@@ -437,6 +437,14 @@ class EventLog:
         self._pending = [f for f in self._pending if not f.done()] + [future]
         return future
 
+    def flush_all(self) -> Future | None:
+        """:meth:`flush`, and the future of the last write handed to the writer (this flush's or an
+        earlier one still running: the writer thread writes them in order), None when none is left.
+        Once it is done, every record recorded before the call is written (or counted dropped)."""
+        self.flush()
+        pending = [future for future in self._pending if not future.done()]
+        return pending[-1] if pending else None
+
     def close(self, timeout: float = 30) -> None:
         self.flush()
         for future in self._pending:

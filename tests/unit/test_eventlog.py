@@ -354,6 +354,43 @@ def test_flush_returns_a_future_of_the_write(log, events_dir):
     assert log.rows_written == 1
 
 
+def test_the_gateways_flush_waits_for_a_write_the_periodic_flush_started(log, events_dir):
+    """`flush_events` (what `router bench` and the analytics tests wait on before they count rows)
+    must not answer while an earlier flush is still being written: with nothing left to hand over,
+    it waited for nothing and read a stale row count."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateways.gateway import Gateway
+
+    started, release = threading.Event(), threading.Event()
+    write = log.write
+
+    def held(rows, packed=None):
+        started.set()
+        assert release.wait(WAIT)
+        return write(rows, packed)
+
+    log.write = held
+    log.ingress(T0, meta(seq=1), None, 1, 1)
+    assert log.flush() is not None  # the periodic flush: its write is held
+    assert started.wait(WAIT)
+
+    async def settle() -> int:
+        task = asyncio.ensure_future(Gateway.flush_events(SimpleNamespace(events=log)))
+        for _ in range(20):  # loop turns, no clock: the task must still be waiting for the write
+            await asyncio.sleep(0)
+        assert not task.done()
+        release.set()
+        return await asyncio.wait_for(task, WAIT)
+
+    try:
+        assert asyncio.run(settle()) == 1
+    finally:
+        release.set()
+    assert log.rows_written == 1
+
+
 def test_flush_with_nothing_buffered_returns_none_and_writes_nothing(log, events_dir):
     assert log.flush() is None
     assert files_under(events_dir) == []
