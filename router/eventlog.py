@@ -446,9 +446,9 @@ class EventLog:
         return pending[-1] if pending else None
 
     def close(self, timeout: float = 30) -> None:
-        self.flush()
-        for future in self._pending:
-            future.result(timeout)
+        pending = self.flush_all()
+        if pending is not None:
+            pending.result(timeout)
         self._writer.shutdown(wait=True)
 
     def _write(self, rows: list[tuple], packed: Flush, count: int, weight: int) -> None:

@@ -331,7 +331,9 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
         delivered_before = system.delivered() if hasattr(system, "delivered") else None
         logged_before = None
         if getattr(system, "eventlog", False) and hasattr(system, "event_log"):
-            system.settle()  # what set-up logged is written before the count starts
+            # What set-up logged (and what an earlier case that ended early left) is written before
+            # the count and the case start; the case's own records once it ends, below.
+            system.settle()
             logged_before = system.event_log()
         groups = {**processes, "loadgen": [psutil.Process(worker.pid) for worker in workers]}
         sampler = CpuSampler(groups)
@@ -396,7 +398,6 @@ def run_system(system: System, cases: list[Case], options: Options, progress: Ca
             if case.memory and index > 0:  # memory per connection: on a fresh server, not one grown by earlier cases
                 system.stop()
                 system.start()
-            system.settle()
             label = f"{case.scenario} {case.case}: {system.name}" + (f" ({case.dialect})" if case.dialect else "")
             progress(f"{label} ...")
             row = run_case(system, case, options, loadgen_cpus)

@@ -57,7 +57,7 @@ class System:
         return {"system": self.name}
 
     def settle(self) -> None:
-        """Before a case: let background work left by the previous case finish (nothing by default)."""
+        """Let background work finish before a case is measured and counted (nothing by default)."""
 
 
 class SubprocessSystem(System):
@@ -199,31 +199,31 @@ class RouterSystem(System):
         self._http = [f"http://127.0.0.1:{listener['port']}" for gateway in endpoints
                       for listener in gateway["listeners"] if self.dialect in listener["websocket"]]
         self.config = {**self.config, "http": self._http, "endpoints": endpoints}
-        self.gateway_pids = [ray.get(record.actor.stats.remote())["pid"] for record in self.router.gateways]
+        self.gateway_pids = [stats["pid"] for stats in self._gateway_stats()]
         self.shard_pids = [info["pid"] for info in ray.get(
             [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
 
     def settle(self) -> None:
-        """Write what the event log holds from the previous case, so its conversion (seconds of
-        CPU after millions of deliveries) does not run during the next case."""
+        """Write what the event log holds and wait for its writes (the case's records, or set-up's),
+        so that their conversion (seconds of CPU after millions of deliveries) does not run during
+        a case and its rows can be counted."""
         import ray
 
         ray.get([record.actor.flush_events.remote() for record in self.router.gateways], timeout=600)
 
-    def event_log(self) -> tuple[int, int]:
-        """The gateways' event logs: rows written and records dropped (a writer that fell behind) so far."""
+    def _gateway_stats(self) -> list[dict[str, Any]]:
         import ray
 
-        logs = [stats["event_log"] for stats in ray.get([record.actor.stats.remote() for record in self.router.gateways],
-                                                        timeout=30)]
+        return ray.get([record.actor.stats.remote() for record in self.router.gateways], timeout=30)
+
+    def event_log(self) -> tuple[int, int]:
+        """The gateways' event logs: rows written and records dropped (a writer that fell behind) so far."""
+        logs = [stats["event_log"] for stats in self._gateway_stats()]
         return (sum(log["rows_written"] for log in logs if log), sum(log["records_dropped"] for log in logs if log))
 
     def delivered(self) -> int:
         """Frames the gateways have written (their own count: a cross-check of the receivers')."""
-        import ray
-
-        return sum(ray.get([record.actor.stats.remote() for record in self.router.gateways], timeout=30)[i]["delivered"]
-                   for i in range(len(self.router.gateways)))
+        return sum(stats["delivered"] for stats in self._gateway_stats())
 
     def stop(self) -> None:
         if self.router is not None:
