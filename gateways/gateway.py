@@ -367,9 +367,18 @@ class Gateway:
             events.dropped(time.time_ns(), meta, nbytes, -1, reason)
 
     def _apply(self, items: list) -> None:
+        written: list = []  # frames written to every connection of their group: accounted at the end
+        try:
+            self._apply_items(items, written)
+        finally:
+            if written:
+                self._account_written(written)
+
+    def _apply_items(self, items: list, written: list) -> None:
         connections = self.connections
         after = -1  # the last item of a run applied ahead (see below)
         single_until = -1  # the last item of a run of frames that goes item by item
+        last = len(items) - 1
         for index, (kind, payload, connection_ids, meta) in enumerate(items):
             if index <= after:
                 continue
@@ -391,11 +400,12 @@ class Gateway:
                     else:
                         self.undeliverable += contract.event_messages(kind, payload)
                 continue
-            if index > single_until and len(connection_ids) > 1:
-                # A run of frames of one kind to the same group: joined once, one piece each.
+            if index > single_until and index < last and items[index + 1][2] is connection_ids:
+                # A run of frames of one kind to the same group (of one connection too: a
+                # point-to-point or S=1 flood): joined once, one piece each.
                 end = _run_end(items, index)
                 if end - index > 1:
-                    if self._write_run(items[index:end], kind, connection_ids):
+                    if self._write_run(items[index:end], kind, connection_ids, written):
                         after = end - 1
                         continue
                     single_until = end - 1
@@ -408,14 +418,17 @@ class Gateway:
                     if failed is None:
                         failed = []
                     failed.append(connection_id)
-            delivered = len(connection_ids) - (0 if failed is None else len(failed))
+            if failed is None:
+                self.delivered += len(connection_ids)
+                written.append((kind, payload, connection_ids, meta))
+                continue
+            delivered = len(connection_ids) - len(failed)
             self.delivered += delivered
-            if failed is not None:
-                self.undeliverable += len(failed)
+            self.undeliverable += len(failed)
             if meta is not None:
                 self._account(meta, len(payload), connection_ids, delivered, failed)
 
-    def _write_run(self, run: list, kind: int, connection_ids: tuple) -> bool:
+    def _write_run(self, run: list, kind: int, connection_ids: tuple, written: list) -> bool:
         """Frames in a row of one kind for the same connections, when each is there and takes every
         frame as it is (``Connection.takes_frames``): joined once, each connection gets them as
         one piece; each frame accounted as one group, as one at a time would be. False (nothing
@@ -433,12 +446,39 @@ class Gateway:
         joined = joined_frames(_TEXT_OPCODE if kind == DELIVER_TEXT else _BINARY_OPCODE, [item[1] for item in run])
         for connection in targets:
             connection.cork_frames(joined)
-        count = len(connection_ids)
-        self.delivered += count * len(run)
-        for _, payload, _, meta in run:
-            if meta is not None:
-                self._account(meta, len(payload), connection_ids, count, None)
+        self.delivered += len(connection_ids) * len(run)
+        written.extend(run)
         return True
+
+    def _account_written(self, written: list) -> None:
+        """What :meth:`_account` of each of ``written`` (delivery items whose frame went to every
+        connection of their group) does, in one pass: one clock reading, one metrics update per
+        dialect in a row, one latency sample, the event-log records in one call."""
+        now_ns = time.time_ns()
+        metrics = self.metrics
+        if metrics is not None:
+            messages_out, bytes_out = metrics.messages_out, metrics.bytes_out
+            dialect, messages, nbytes, last = None, 0, 0, None
+            for _, payload, connection_ids, meta in written:
+                if meta is None:
+                    continue
+                if meta[3] != dialect:
+                    if messages:
+                        messages_out[dialect] += messages
+                        bytes_out[dialect] += nbytes
+                    dialect, messages, nbytes = meta[3], 0, 0
+                count = len(connection_ids)
+                messages += count
+                nbytes += count * len(payload)
+                last = meta
+            if messages:
+                messages_out[dialect] += messages
+                bytes_out[dialect] += nbytes
+            if last is not None:
+                metrics.latency(dialect, (now_ns - last[2]) / 1e9, time.monotonic())
+        events = self.events
+        if events is not None:
+            events.delivered_items(now_ns, written)
 
     def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
         """A dialect wrote (or failed to write) one delivery of its own making to one connection.

@@ -5,13 +5,16 @@ counts the gone ones. Plain objects: a gateway made without its start-up, fake c
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateways.gateway import Gateway
 from gateways.server import frame_header
+from router.eventlog import EventLog
 from router.contract import DELIVER_BINARY, DELIVER_EVENT, DELIVER_EVENTS, DELIVER_TEXT
 
 
@@ -153,6 +156,10 @@ def frames_gateway(sockets: dict[int, Socket]) -> Gateway:
     gw.metrics = gw.events = None
     accounted: list[tuple] = []
     gw._account = lambda meta, nbytes, ids, delivered, failed: accounted.append((meta, nbytes, ids, delivered, failed))
+    # Frames written to their whole group are accounted together, after the items (see
+    # test_account_written_is_account_of_each_item for what that does).
+    gw._account_written = lambda written: accounted.extend(
+        (meta, len(payload), ids, len(ids), None) for _, payload, ids, meta in written if meta is not None)
     gw.accounted = accounted
     return gw
 
@@ -205,3 +212,51 @@ def test_a_group_holding_a_connection_twice_goes_frame_by_frame():
     gw._apply([(DELIVER_TEXT, b"a", group, None), (DELIVER_TEXT, b"b", group, None)])
     a, b = frame_header(0x1, 1) + b"a", frame_header(0x1, 1) + b"b"
     assert sockets[1].pieces == [a, a, b, b] and sockets[2].pieces == [a, b]
+
+
+class Metrics:
+    """The counters ``_account`` updates (``router.metrics.GatewayMetrics``' hot-path fields)."""
+
+    def __init__(self) -> None:
+        self.messages_out: dict[str, int] = defaultdict(int)
+        self.bytes_out: dict[str, int] = defaultdict(int)
+        self.latencies: list[tuple[str, float]] = []
+
+    def latency(self, dialect: str, seconds: float, now: float) -> None:
+        self.latencies.append((dialect, seconds))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=5), st.lists(st.integers(0, 9), min_size=1, max_size=3),
+                          st.one_of(st.none(), st.tuples(st.sampled_from(["gw-a", "gw-b"]), st.integers(0, 20),
+                                                         st.integers(0, 10**6), st.sampled_from(["signal", "nolag"]),
+                                                         st.sampled_from(["hub:publish", None]),
+                                                         st.sampled_from(["t1", "t2", None])))),
+                max_size=12),
+       st.sampled_from([1.0, 0.5, 0.0]))
+def test_account_written_is_account_of_each_item(tmp_path_factory, items: list[tuple], sample_rate: float):
+    """Frames written to their whole group are accounted in one pass: the same counters and the
+    same event-log records (groups, ids, streams) as ``_account`` of each in turn."""
+
+    def world() -> Gateway:
+        gw = Gateway.__new__(Gateway)
+        gw.metrics = Metrics()
+        gw.events = EventLog(tmp_path_factory.mktemp("events"), "gw-a", sample_rate=sample_rate)
+        return gw
+
+    written = [(DELIVER_TEXT, payload, tuple(ids), meta) for payload, ids, meta in items]
+    at_once, each = world(), world()
+    with mock.patch("time.time_ns", return_value=10**18):
+        at_once._account_written(written)
+        for _, payload, ids, meta in written:
+            if meta is not None:
+                each._account(meta, len(payload), ids, len(ids), None)
+    for gw in (at_once, each):
+        gw.taken = gw.events._take()
+        gw.events.close()
+    assert at_once.metrics.messages_out == each.metrics.messages_out
+    assert at_once.metrics.bytes_out == each.metrics.bytes_out
+    assert bool(at_once.metrics.latencies) == bool(each.metrics.latencies)
+    first, second = at_once.taken, each.taken
+    assert [bytes(chunk) for chunk in first.groups] == [bytes(chunk) for chunk in second.groups]
+    assert (first.groups_end, list(first.ids), first.streams) == (second.groups_end, list(second.ids), second.streams)
