@@ -306,24 +306,14 @@ class SignalSession(DialectSession):
             details.setdefault("reason", result.code)
         return SignalError(code, result.message, details or None)
 
-    def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[[Any], dict | None],
-             reply_type: str, settle: Callable[[Any], None] | None = None) -> None:
-        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` in order.
-        ``settle(result)`` first sees every answer, failures included (the quotas count them)."""
-        slot = self._slot()
-
-        def done(result: Any) -> None:
-            if settle is not None:
-                settle(result)
-            if isinstance(result, (CommandError, ShardUnavailable)):
-                self._fill_error(slot, request, self._shard_failure(result, request))
-                return
-            payload = on_result(result)
-            self._fill(slot, _EMPTY if payload is None else
-                       codec.encode(reply_type, self.hub, request.sender, payload, request.reply_id))
-
+    def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[..., dict | None],
+             reply_type: str, settle: Callable[[Any], None] | None = None, context: Any = None) -> None:
+        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` (or
+        ``on_result(result, context)`` when a context is given) in order. ``settle(result)`` first
+        sees every answer, failures included (the quotas count them)."""
         shards = self.shards
-        shards.send(shards.link(kind, key), command, done)
+        shards.send(shards.link(kind, key), command,
+                    _Answer(self, self._slot(), request, on_result, context, reply_type, settle))
 
     def _ask_all(self, request: Request, kind: str, command: tuple,
                  on_results: Callable[[list], dict], reply_type: str) -> None:
@@ -558,21 +548,9 @@ class SignalSession(DialectSession):
         slot = self._slot()
         self._topic = target
         meta = self._meta(request.type)
-
-        def sent(result: Any) -> None:
-            if result is True:
-                self._fill(slot, _EMPTY)
-                return
-            if isinstance(result, (CommandError, ShardUnavailable)):
-                error = self._shard_failure(result, request)
-            else:
-                error = SignalError(codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected",
-                                    {"targetActor": target})
-            self.gateway.unroutable(meta, len(request.raw), error.code)
-            self._fill_error(slot, request, error)
-
         shards = self.shards
-        shards.send(shards.link(REGISTRY, target), signal.send(target, request.raw, DELIVER_TEXT, meta), sent)
+        shards.send(shards.link(REGISTRY, target), signal.send(target, request.raw, DELIVER_TEXT, meta),
+                    _Sent(self, slot, request, meta, target))
 
     def _broadcast(self, request: Request) -> None:
         exclude_self = request.payload.get("excludeSelf", False)
@@ -632,8 +610,7 @@ class SignalSession(DialectSession):
         topic = self._topic_of(request)
         key = topic_key(topic)
         self._ask(request, TOPIC, key, contract.publish(key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
-                  lambda count: {"topic": topic, "subscriberCount": count, "deliveredCount": count},
-                  "hub:delivery_ack")
+                  _delivery_counts, "hub:delivery_ack", context=topic)
 
     # -- flow control ---------------------------------------------------------------------
 
@@ -644,6 +621,63 @@ class SignalSession(DialectSession):
             "failed": self.failed + self.wire.dropped,
             "paused": self.wire.writing_paused,
         })
+
+
+# -- answers of shards ------------------------------------------------------------------------
+# Plain objects, not closures: a request in flight holds one GC-tracked object instead of a
+# function, its cells and their tuple. A flood holds thousands of requests in flight, and the
+# cyclic collector walks each of them at every young collection it outlives.
+
+
+class _Answer:
+    """A shard's answer to one request (:meth:`SignalSession._ask`), made into its reply in order."""
+
+    __slots__ = ("session", "slot", "request", "on_result", "context", "reply_type", "settle")
+
+    def __init__(self, session: SignalSession, slot: list, request: Request, on_result: Callable[..., dict | None],
+                 context: Any, reply_type: str, settle: Callable[[Any], None] | None) -> None:
+        self.session, self.slot, self.request = session, slot, request
+        self.on_result, self.context, self.reply_type, self.settle = on_result, context, reply_type, settle
+
+    def __call__(self, result: Any) -> None:
+        session, request = self.session, self.request
+        if self.settle is not None:
+            self.settle(result)
+        if isinstance(result, (CommandError, ShardUnavailable)):
+            session._fill_error(self.slot, request, session._shard_failure(result, request))
+            return
+        payload = self.on_result(result) if self.context is None else self.on_result(result, self.context)
+        session._fill(self.slot, _EMPTY if payload is None else
+                      codec.encode(self.reply_type, session.hub, request.sender, payload, request.reply_id))
+
+
+class _Sent:
+    """The registry shard's answer to one ``hub:send``: nothing to write when it was delivered;
+    else the failure, in order with the other replies."""
+
+    __slots__ = ("session", "slot", "request", "meta", "target")
+
+    def __init__(self, session: SignalSession, slot: list, request: Request, meta: tuple, target: str) -> None:
+        self.session, self.slot, self.request, self.meta, self.target = session, slot, request, meta, target
+
+    def __call__(self, result: Any) -> None:
+        session = self.session
+        if result is True:
+            session._fill(self.slot, _EMPTY)
+            return
+        request, target = self.request, self.target
+        if isinstance(result, (CommandError, ShardUnavailable)):
+            error = session._shard_failure(result, request)
+        else:
+            error = SignalError(codec.UNKNOWN_ACTOR, f"Actor {target} not registered or disconnected",
+                                {"targetActor": target})
+        session.gateway.unroutable(self.meta, len(request.raw), error.code)
+        session._fill_error(self.slot, request, error)
+
+
+def _delivery_counts(count: int, topic: str) -> dict:
+    """A ``hub:delivery_ack``'s payload."""
+    return {"topic": topic, "subscriberCount": count, "deliveredCount": count}
 
 
 def endpoints(gateway: Any, config: Any) -> list[Dialect]:
