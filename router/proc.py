@@ -70,14 +70,17 @@ def tune_gc() -> None:
     here forms reference cycles, so fewer, larger collections lose nothing. Objects loaded at start
     are frozen out of the scans (``gc.freeze``) by the caller once it is ready.
 
-    The middle generation is collected once every 1,000 young collections, not every 20: under a
-    flood a gateway holds a message's callback, its cells and its request until the shard answers,
-    which can be a second; such objects outlive a young collection, and each collection of the
-    middle generation walked all of them again (about 110 ms, once a second: 10–15 % of a gateway
-    at point-to-point, with nothing to collect). Full collections keep their pace (every 2,000
-    young collections, and only when the old generation has grown by a quarter).
+    The middle generation is collected once every 1,001 young collections, not every 21 (a
+    generation is collected when its count exceeds its threshold): under a flood a gateway holds a
+    request's callback and its request until the shard answers, which can be a second; such
+    objects outlive a young collection, and each collection of the middle generation walked all of
+    them again (about 120 ms, once a second at point-to-point: 10–15 % of a gateway, with nothing
+    to collect). Full collections keep about their pace: every 2,002 young collections (2,121
+    before), and only when the old generation has grown by a quarter since the last one. A cycle
+    that dies young is still collected by the next young collection; one that dies in the middle
+    generation waits for its next collection.
     """
-    gc.set_threshold(50_000, 1_000, 2)
+    gc.set_threshold(50_000, 1_000, 1)
 
 
 # glibc's mallopt parameters (malloc.h).

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 DIALECT = "signal"
 _EMPTY = b""  # a reply slot that ends without a frame
+_NO_CONTEXT = object()  # an answer's on_result takes the result alone
 
 # Which capability each message type needs (auth enabled or not; anonymous sessions get
 # `anonymous_capabilities`). Connection control needs none.
@@ -307,7 +308,7 @@ class SignalSession(DialectSession):
         return SignalError(code, result.message, details or None)
 
     def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[..., dict | None],
-             reply_type: str, settle: Callable[[Any], None] | None = None, context: Any = None) -> None:
+             reply_type: str, settle: Callable[[Any], None] | None = None, context: Any = _NO_CONTEXT) -> None:
         """Send one command to the shard owning ``key``; reply with ``on_result(result)`` (or
         ``on_result(result, context)`` when a context is given) in order. ``settle(result)`` first
         sees every answer, failures included (the quotas count them)."""
@@ -646,7 +647,8 @@ class _Answer:
         if isinstance(result, (CommandError, ShardUnavailable)):
             session._fill_error(self.slot, request, session._shard_failure(result, request))
             return
-        payload = self.on_result(result) if self.context is None else self.on_result(result, self.context)
+        context = self.context
+        payload = self.on_result(result) if context is _NO_CONTEXT else self.on_result(result, context)
         session._fill(self.slot, _EMPTY if payload is None else
                       codec.encode(self.reply_type, session.hub, request.sender, payload, request.reply_id))
 
