@@ -344,13 +344,7 @@ class EventLog:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
         else:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, 0)
-            ids = self._ids
-            end = len(ids)
-            try:
-                ids.extend(connections)
-            except BaseException:
-                del ids[end:]  # a bad id: the ids stay in step with the groups
-                raise
+            _append_ids(self._ids, connections)
         self._groups_at = offset + _GROUP_SIZE
 
     def delivered_items(self, ts_ns: int, items: list) -> None:
@@ -381,12 +375,7 @@ class EventLog:
                 pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, len(payload), stream, 1, connections[0])
             else:
                 pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, len(payload), stream, count, 0)
-                end = len(ids)
-                try:
-                    ids.extend(connections)
-                except BaseException:
-                    del ids[end:]  # a bad id: the ids stay in step with the groups
-                    raise
+                _append_ids(ids, connections)
             self._groups_at = offset + _GROUP_SIZE
 
     def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
@@ -743,6 +732,18 @@ def folder_hour(date_folder: str, hour_folder: str) -> int | None:
 
 def _column(records: list[tuple], position: int) -> list:
     return list(map(itemgetter(position), records))
+
+
+def _append_ids(ids: array.array, connections: Any) -> None:
+    """A group's connection ids after the others' (a group of more than one); a bad id leaves
+    ``ids`` as they were, so they stay in step with the groups (its group is not counted either:
+    the caller moves on only after this returns)."""
+    end = len(ids)
+    try:
+        ids.extend(connections)
+    except BaseException:
+        del ids[end:]
+        raise
 
 
 def _chunk(free: list[bytearray], size: int) -> bytearray:
