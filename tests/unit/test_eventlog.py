@@ -197,6 +197,25 @@ def test_delivered_fan_out_group_expands_to_one_row_per_connection(log, events_d
     ]
 
 
+@pytest.mark.parametrize("way", ["delivered", "delivered_items"])
+def test_a_group_with_a_bad_id_is_not_logged_and_leaves_the_others_in_step(log, events_dir, way):
+    """A group whose ids cannot be stored raises and leaves no trace: the groups after it keep
+    their own ids (the ids of groups of more than one are stored apart, in order)."""
+
+    def group(seq: int, connections: tuple) -> None:
+        if way == "delivered":
+            log.delivered(T0 + seq, meta(seq=seq), 10, connections)
+        else:
+            log.delivered_items(T0 + seq, [(0, b"x" * 10, connections, meta(seq=seq))])
+
+    group(1, (11, 12))
+    with pytest.raises(TypeError):
+        group(2, (21, "not an id"))
+    group(3, (31, 32))
+    written(log)
+    assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(1, 11), (1, 12), (3, 31), (3, 32)]
+
+
 def test_delivered_groups_keep_their_own_meta_and_latency(log, events_dir):
     log.delivered(T0 + 100, meta(seq=1, t0=T0, dialect="signal", kind="a", topic="t1"), 10, [1, 2])
     log.delivered(T0 + 900, meta(seq=2, t0=T0 + 400, dialect="mqtt", kind="b", topic="t2"), 20, [3])
