@@ -402,7 +402,8 @@ class Gateway:
                 continue
             if index > single_until and index < last and items[index + 1][2] is connection_ids:
                 # A run of frames of one kind to the same group (of one connection too: a
-                # point-to-point or S=1 flood): joined once, one piece each.
+                # topic's one subscriber at S=1): joined once, one piece each. (Signal Hub's
+                # point-to-point routes are a tuple per message: they never form runs.)
                 end = _run_end(items, index)
                 if end - index > 1:
                     if self._write_run(items[index:end], kind, connection_ids, written):
