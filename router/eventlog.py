@@ -350,33 +350,11 @@ class EventLog:
     def delivered_items(self, ts_ns: int, items: list) -> None:
         """:meth:`delivered` of each of ``items`` (gateway delivery items, ``(kind, payload,
         connections, meta)``: a group of ``connections`` each sent ``payload``; one whose meta is
-        None is not logged) at ``ts_ns``, sampled as the gateway samples, in one call."""
-        every = self.sample_every
-        if not every:
-            return
-        streams = self._streams
-        ids = self._ids
-        pack_into = _GROUP.pack_into
+        None is not logged) at ``ts_ns``, sampled as the gateway samples."""
+        delivered, every = self.delivered, self.sample_every
         for _, payload, connections, meta in items:
-            if meta is None:
-                continue
-            origin, seq, ingress_ns, dialect, kind, topic = meta
-            if every != 1 and seq % every:
-                continue
-            key = (origin, dialect, kind, topic)
-            stream = streams.get(key)
-            if stream is None:
-                stream = streams[key] = len(streams)
-            offset = self._groups_at
-            if offset == _GROUP_CHUNK:
-                offset = self._next_group_chunk()
-            count = len(connections)
-            if count == 1:
-                pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, len(payload), stream, 1, connections[0])
-            else:
-                pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, len(payload), stream, count, 0)
-                _append_ids(ids, connections)
-            self._groups_at = offset + _GROUP_SIZE
+            if meta is not None and (every == 1 or self.sampled(meta[1])):
+                delivered(ts_ns, meta, len(payload), connections)
 
     def dropped(self, ts_ns: int, meta: Meta, nbytes: int, connection: int, reason: str) -> None:
         origin, seq, ingress_ns, dialect, kind, topic = meta

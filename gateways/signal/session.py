@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 DIALECT = "signal"
 _EMPTY = b""  # a reply slot that ends without a frame
-_NO_CONTEXT = object()  # an answer's on_result takes the result alone
 
 # Which capability each message type needs (auth enabled or not; anonymous sessions get
 # `anonymous_capabilities`). Connection control needs none.
@@ -307,14 +306,13 @@ class SignalSession(DialectSession):
             details.setdefault("reason", result.code)
         return SignalError(code, result.message, details or None)
 
-    def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[..., dict | None],
-             reply_type: str, settle: Callable[[Any], None] | None = None, context: Any = _NO_CONTEXT) -> None:
-        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` (or
-        ``on_result(result, context)`` when a context is given) in order. ``settle(result)`` first
-        sees every answer, failures included (the quotas count them)."""
+    def _ask(self, request: Request, kind: str, key: str, command: tuple, on_result: Callable[[Any], dict | None],
+             reply_type: str, settle: Callable[[Any], None] | None = None) -> None:
+        """Send one command to the shard owning ``key``; reply with ``on_result(result)`` in order.
+        ``settle(result)`` first sees every answer, failures included (the quotas count them)."""
         shards = self.shards
-        shards.send(shards.link(kind, key), command,
-                    _Answer(self, self._slot(), request, on_result, context, reply_type, settle))
+        answer = _Answer(self, self._slot(), request, on_result, reply_type, settle)
+        shards.send(shards.link(kind, key), command, answer)
 
     def _ask_all(self, request: Request, kind: str, command: tuple,
                  on_results: Callable[[list], dict], reply_type: str) -> None:
@@ -611,7 +609,8 @@ class SignalSession(DialectSession):
         topic = self._topic_of(request)
         key = topic_key(topic)
         self._ask(request, TOPIC, key, contract.publish(key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
-                  _delivery_counts, "hub:delivery_ack", context=topic)
+                  lambda count: {"topic": topic, "subscriberCount": count, "deliveredCount": count},
+                  "hub:delivery_ack")
 
     # -- flow control ---------------------------------------------------------------------
 
@@ -633,12 +632,12 @@ class SignalSession(DialectSession):
 class _Answer:
     """A shard's answer to one request (:meth:`SignalSession._ask`), made into its reply in order."""
 
-    __slots__ = ("session", "slot", "request", "on_result", "context", "reply_type", "settle")
+    __slots__ = ("session", "slot", "request", "on_result", "reply_type", "settle")
 
-    def __init__(self, session: SignalSession, slot: list, request: Request, on_result: Callable[..., dict | None],
-                 context: Any, reply_type: str, settle: Callable[[Any], None] | None) -> None:
+    def __init__(self, session: SignalSession, slot: list, request: Request, on_result: Callable[[Any], dict | None],
+                 reply_type: str, settle: Callable[[Any], None] | None) -> None:
         self.session, self.slot, self.request = session, slot, request
-        self.on_result, self.context, self.reply_type, self.settle = on_result, context, reply_type, settle
+        self.on_result, self.reply_type, self.settle = on_result, reply_type, settle
 
     def __call__(self, result: Any) -> None:
         session, request = self.session, self.request
@@ -647,8 +646,7 @@ class _Answer:
         if isinstance(result, (CommandError, ShardUnavailable)):
             session._fill_error(self.slot, request, session._shard_failure(result, request))
             return
-        context = self.context
-        payload = self.on_result(result) if context is _NO_CONTEXT else self.on_result(result, context)
+        payload = self.on_result(result)
         session._fill(self.slot, _EMPTY if payload is None else
                       codec.encode(self.reply_type, session.hub, request.sender, payload, request.reply_id))
 
@@ -675,11 +673,6 @@ class _Sent:
                                 {"targetActor": target})
         session.gateway.unroutable(self.meta, len(request.raw), error.code)
         session._fill_error(self.slot, request, error)
-
-
-def _delivery_counts(count: int, topic: str) -> dict:
-    """A ``hub:delivery_ack``'s payload."""
-    return {"topic": topic, "subscriberCount": count, "deliveredCount": count}
 
 
 def endpoints(gateway: Any, config: Any) -> list[Dialect]:
