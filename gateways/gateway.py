@@ -568,6 +568,14 @@ class Gateway:
             else:
                 self.undeliverable += 1
 
+    def account_written(self, written: list) -> None:
+        """A dialect wrote each of ``written`` (delivery items ``(kind, frame, connection_ids,
+        meta)``, meta not None: the frame went to every connection of its group), e.g. a run of
+        messages to one topic's subscribers: counted, and accounted in one pass as the gateway's own."""
+        for item in written:
+            self.delivered += len(item[2])
+        self._account_written(written)
+
     def account_fanout(self, meta: tuple, nbytes: int, connection_ids: list[int]) -> None:
         """A dialect wrote one message to each of ``connection_ids`` (one frame of ``nbytes``)."""
         self.delivered += len(connection_ids)

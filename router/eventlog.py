@@ -344,7 +344,13 @@ class EventLog:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
         else:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, 0)
-            _append_ids(self._ids, connections)
+            if connections is self._run_ids:
+                packed = self._run_packed
+            else:
+                packed = array.array("q", connections)  # a bad id raises here: nothing is appended
+                if type(connections) is tuple:  # immutable: the groups of a run share it, packed once
+                    self._run_ids, self._run_packed = connections, packed
+            self._ids.extend(packed)  # from an array: a copy of its bytes, not an int at a time
         self._groups_at = offset + _GROUP_SIZE
 
     def delivered_items(self, ts_ns: int, items: list) -> None:
@@ -368,6 +374,10 @@ class EventLog:
         record that needs one: the current chunk reads as full until then."""
         self._streams: dict[tuple, int] = {}
         self._ids = array.array("q")
+        # The last tuple of connection ids of a group of several, and its ids packed: a fan-out run's
+        # groups (a topic's reply to a window of publishes) share one tuple, so they are packed once.
+        self._run_ids: tuple | None = None
+        self._run_packed = array.array("q")
         self._ingress_full: list[tuple[bytearray, list]] = []
         self._ingress_chunk: bytearray | None = None
         self._protocol_ids: list | None = None
@@ -710,18 +720,6 @@ def folder_hour(date_folder: str, hour_folder: str) -> int | None:
 
 def _column(records: list[tuple], position: int) -> list:
     return list(map(itemgetter(position), records))
-
-
-def _append_ids(ids: array.array, connections: Any) -> None:
-    """A group's connection ids after the others' (a group of more than one); a bad id leaves
-    ``ids`` as they were, so they stay in step with the groups (its group is not counted either:
-    the caller moves on only after this returns)."""
-    end = len(ids)
-    try:
-        ids.extend(connections)
-    except BaseException:
-        del ids[end:]
-        raise
 
 
 def _chunk(free: list[bytearray], size: int) -> bytearray:

@@ -902,10 +902,8 @@ class NolagSession(DialectSession):
                 window.unacked.update(entries)
                 if due < window.next_due:
                     window.next_due = due
-        for payload, frame in zip(payloads, frames):
-            meta = payload[-1]
-            if meta is not None:
-                gateway.account_fanout(meta, len(frame), connection_ids)
+        gateway.account_written([(contract.DELIVER_BINARY, frame, connection_ids, payload[-1])
+                                 for payload, frame in zip(payloads, frames) if payload[-1] is not None])
         return True
 
     def _fan_out_acked(self, payload: tuple, connection_ids: tuple, gateway: Any) -> None:

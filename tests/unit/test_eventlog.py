@@ -216,6 +216,29 @@ def test_a_group_with_a_bad_id_is_not_logged_and_leaves_the_others_in_step(log, 
     assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(1, 11), (1, 12), (3, 31), (3, 32)]
 
 
+def test_groups_sharing_their_ids_each_keep_the_ids_they_had_when_logged(log, events_dir):
+    """A run's groups share one tuple of ids (packed once for all of them); a list is read at each
+    group, so one changed between two groups logs what it held each time, and a tuple of the same
+    ids that is another object is read on its own."""
+    run = (11, 12, 13)
+    changing = [21, 22]
+    log.delivered(T0 + 1, meta(seq=1), 10, run)
+    log.delivered(T0 + 2, meta(seq=2), 10, run)
+    log.delivered(T0 + 3, meta(seq=3), 10, changing)
+    changing[1] = 23
+    changing.append(24)
+    log.delivered(T0 + 4, meta(seq=4), 10, changing)
+    log.delivered_items(T0 + 5, [(0, b"x" * 10, run, meta(seq=5)), (0, b"x" * 10, (11, 12, 14), meta(seq=6)),
+                                 (0, b"x" * 10, run, meta(seq=7))])
+    with pytest.raises(TypeError):
+        log.delivered(T0 + 8, meta(seq=8), 10, (run[0], "not an id"))
+    log.delivered(T0 + 9, meta(seq=9), 10, run)
+    written(log)
+    assert sorted((r["msg_seq"], r["connection"]) for r in read_rows(events_dir)) == [
+        (1, 11), (1, 12), (1, 13), (2, 11), (2, 12), (2, 13), (3, 21), (3, 22), (4, 21), (4, 23), (4, 24),
+        (5, 11), (5, 12), (5, 13), (6, 11), (6, 12), (6, 14), (7, 11), (7, 12), (7, 13), (9, 11), (9, 12), (9, 13)]
+
+
 def test_delivered_groups_keep_their_own_meta_and_latency(log, events_dir):
     log.delivered(T0 + 100, meta(seq=1, t0=T0, dialect="signal", kind="a", topic="t1"), 10, [1, 2])
     log.delivered(T0 + 900, meta(seq=2, t0=T0 + 400, dialect="mqtt", kind="b", topic="t2"), 20, [3])

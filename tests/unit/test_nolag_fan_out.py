@@ -18,6 +18,7 @@ from gateways.nolag.qos import Unacked
 from gateways.nolag.session import NolagDialect, NolagSession, _Item, _Subscription
 from actors.nolag import contract as nolag
 from gateways.server import frame_header
+from router.contract import DELIVER_BINARY
 
 TOPIC = "app/room/chat"
 META = ("gw", 7, 0, "nolag", "Publish", TOPIC)
@@ -42,6 +43,11 @@ class Gateway:
     def account_fanout(self, meta: tuple, nbytes: int, connection_ids: list[int]) -> None:
         assert meta is META
         self.fanouts.append((nbytes, list(connection_ids)))
+
+    def account_written(self, written: list) -> None:  # what account_fanout of each item records
+        for kind, frame, connection_ids, meta in written:
+            assert kind == DELIVER_BINARY
+            self.account_fanout(meta, len(frame), connection_ids)
 
     def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
         (self.written if sent else self.failed).append(connection_id)
