@@ -330,7 +330,12 @@ class EventLog:
 
     def delivered(self, ts_ns: int, meta: Meta, nbytes: int, connections: tuple[int, ...] | list[int]) -> None:
         """One fan-out group of ``connections`` (a tuple or a list of ids). The stream and the
-        chunk are found as in :meth:`ingress`, inline: a call would cost as much as the lookup."""
+        chunk are found as in :meth:`ingress`, inline: a call would cost as much as the lookup.
+        A group of none (each of its deliveries failed) has no row, nor a stream: its strings
+        would sit in the file's dictionaries unused."""
+        count = len(connections)
+        if not count:
+            return
         origin, seq, ingress_ns, dialect, kind, topic = meta
         key = (origin, dialect, kind, topic)
         stream = self._streams.get(key)
@@ -339,7 +344,6 @@ class EventLog:
         offset = self._groups_at
         if offset == _GROUP_CHUNK:
             offset = self._next_group_chunk()
-        count = len(connections)
         if count == 1:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
         else:

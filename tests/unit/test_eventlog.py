@@ -261,6 +261,19 @@ def test_delivered_group_without_connections_adds_no_rows(log, events_dir):
     assert log.rows_written == 1
 
 
+def test_a_group_without_connections_leaves_nothing_in_the_files_dictionaries(log, events_dir):
+    """A group every delivery of which failed has no connection left: no row, and its stream's
+    strings (kind, topic, origin) are not in the file's dictionaries either."""
+    log.delivered(T0 + 100, meta(seq=1, origin=OTHER_GATEWAY, kind="hub:ghost", topic="rooms/nobody"), 10, [])
+    log.delivered(T0 + 200, meta(seq=2), 10, (5,))
+    written(log)
+    [path] = events_dir.rglob("*.parquet")
+    table = pq.read_table(path, columns=["kind", "topic", "origin"], read_dictionary=["kind", "topic", "origin"])
+    assert {name: table.column(name).unify_dictionaries().chunk(0).dictionary.to_pylist()
+            for name in ("kind", "topic", "origin")} == {"kind": ["hub:publish"], "topic": ["rooms/lobby"],
+                                                         "origin": [GATEWAY]}
+
+
 def test_dropped_is_one_out_row_with_latency_and_reason(log, events_dir):
     log.dropped(T0 + 2_000, meta(seq=10, origin=OTHER_GATEWAY), 300, 21, "slow_consumer")
     written(log)
