@@ -184,12 +184,18 @@ def _matching(args: argparse.Namespace) -> int:
     params = Options(params=_params(args.param))
     queries = params.param("baqend.queries", [1000, 2000, 5000, 10_000, 20_000])
     per_group, matches = params.param("baqend.per_group", 200), params.param("baqend.matches", 10)
+    writes = params.param("baqend.writes", None)  # in all, the same at every Q (else per_group a group)
+    if writes is not None and (isinstance(writes, list) or writes < 1):
+        raise SystemExit("router bench: baqend.writes is one number of writes, at least 1")
     orders = params.param("baqend.order", "round", str)
-    rows = baqend.matching_run(queries if isinstance(queries, list) else [queries], per_group, matches,
-                               orders=tuple(orders) if isinstance(orders, list) else (orders,))
+    runs = params.param("baqend.runs", baqend.MATCHING_RUNS)
+    if isinstance(runs, list) or runs < 1:
+        raise SystemExit("router bench: baqend.runs is one number of rounds, at least 1")
+    rows = baqend.matching_run(queries if isinstance(queries, list) else [queries], per_group, matches, runs=runs,
+                               orders=tuple(orders) if isinstance(orders, list) else (orders,), writes=writes)
     out = Path(args.out or "benchmarks/results/bench-matching.json")
-    write_json(out, {"scenario": "matching", "machine": machine(), "per_group": per_group, "matches": matches,
-                     "results": rows})
+    write_json(out, {"scenario": "matching", "machine": machine(), "per_group": None if writes else per_group,
+                     "writes": writes, "matches": matches, "results": rows})
     print(f"results written to {out}")
     return 0
 

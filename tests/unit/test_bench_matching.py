@@ -51,3 +51,25 @@ def test_router_bench_matching_takes_both_orders(tmp_path):
     assert run(args) == 0
     assert [(row["queries"], row["order"]) for row in json.loads(out.read_text())["results"]] == [
         (20, "round"), (20, "grouped")]
+
+
+def test_the_same_writes_at_every_query_count_spread_over_the_groups(tmp_path):
+    """``baqend.writes``: the database the same at every Q (the ``queries`` scenario's way), each
+    group's share of the writes smaller as the groups grow; a share that does not divide evenly
+    puts one more write in the first groups, in both orders."""
+    # 100 queries: 10 groups; 25 writes: groups 0-4 get 3, groups 5-9 get 2; each write is an add
+    # for its group's 10 queries and no sorted window (limit 10) fills.
+    rows = [baqend.matching_measure(100, per_group=999, matches=10, order=order, writes=25)
+            for order in ("round", "grouped")]
+    assert [(row["writes"], row["events_per_write"]) for row in rows] == [(25, 10.0), (25, 10.0)]
+    out = tmp_path / "matching.json"
+    args = build_parser().parse_args(["bench", "matching", "--param", "baqend.queries=20,40",
+                                      "--param", "baqend.writes=60", "--out", str(out)])
+    assert run(args) == 0
+    written = json.loads(out.read_text())
+    assert (written["per_group"], written["writes"]) == (None, 60)
+    # 2 groups of 30 writes: each sorted window of 10 pushes one out for the last 20; 4 groups of 15: the last 5
+    assert [(row["queries"], row["writes"], row["events_per_write"]) for row in written["results"]] == [
+        (20, 60, round((60 * 10 + 2 * 20) / 60, 3)), (40, 60, round((60 * 10 + 4 * 5) / 60, 3))]
+    with pytest.raises(SystemExit, match="baqend.writes"):
+        run(build_parser().parse_args(["bench", "matching", "--param", "baqend.writes=0", "--out", str(out)]))

@@ -470,13 +470,16 @@ class RestWriter:
 # ``matches`` queries. The queries are spread over ``shards`` tables, as over the router's query
 # shards, and every write goes to each. Each group gets ``per_group`` writes whatever Q is, so each
 # query's state (its matching documents, its sorted list) is the same size at every Q and only the
-# number of queries changes.
+# number of queries changes; the documents grow with Q (200 a group: 20,000 at 1,000 queries,
+# 200,000 at 10,000). With ``writes``, the writes (so the documents) are the same at every Q, as in
+# the ``queries`` scenario (20,000), spread over the groups: each query's state shrinks as Q grows.
 #
 #     router bench matching [--param baqend.queries=1000,2000,5000,10000,20000]
-#                           [--param baqend.per_group=200] [--param baqend.matches=10]
-#                           [--param baqend.order=round,grouped]
+#                           [--param baqend.per_group=200 | --param baqend.writes=20000]
+#                           [--param baqend.matches=10] [--param baqend.order=round,grouped]
 #
-# value: µs of one core per write over all the tables, the least of ``MATCHING_RUNS`` runs.
+# value: µs of one core per write over all the tables, the least of ``MATCHING_RUNS`` runs (or
+# ``--param baqend.runs=N``), run in rounds of every case.
 #
 # ``order``: ``round`` (the default, as the ``queries`` scenario writes) sends consecutive writes to
 # consecutive groups, so a write finds its group's state as the other groups' writes left the
@@ -509,16 +512,17 @@ MATCHING_ORDERS = ("round", "grouped")
 
 
 def matching_measure(queries: int, per_group: int, matches: int, shards: int = MATCHING_SHARDS,
-                     order: str = "round") -> dict[str, Any]:
-    """One run: the tables built, then every write applied; µs per write and events per write."""
+                     order: str = "round", writes: int | None = None) -> dict[str, Any]:
+    """One run: the tables built, then every write applied; µs per write and events per write.
+    ``per_group`` writes to each group, or ``writes`` in all (spread over the groups) when given."""
     if order not in MATCHING_ORDERS:
         raise SystemExit(f"router bench: baqend.order {order!r} is not one of {', '.join(MATCHING_ORDERS)}")
     layout = Layout("Bench", queries, 10, matches)
     tables = _matching_tables(layout, shards)
-    count = per_group * layout.groups
+    count = per_group * layout.groups if writes is None else writes
     numbers = range(count)  # write n goes to group n % groups, its k-th write is n = k * groups + group
-    if order == "grouped":
-        numbers = [k * layout.groups + group for group in range(layout.groups) for k in range(per_group)]
+    if order == "grouped":  # the same writes, a group's in a row
+        numbers = sorted(numbers, key=lambda n: (n % layout.groups, n))
     writes = [Write("Bench", None, {"id": f"/db/Bench/{n:09d}", "version": 1, "acl": None, "g": layout.group(n),
                                     "n": n}, "insert", seq, None)
               for seq, n in enumerate(numbers, 1)]
@@ -535,19 +539,29 @@ def matching_measure(queries: int, per_group: int, matches: int, shards: int = M
 
 
 def matching_run(queries: list[int], per_group: int, matches: int, runs: int = MATCHING_RUNS,
-                 orders: tuple[str, ...] = ("round",)) -> list[dict[str, Any]]:
+                 orders: tuple[str, ...] = ("round",), writes: int | None = None) -> list[dict[str, Any]]:
+    """The least of ``runs`` runs of each (order, Q). The runs go in rounds, each round every
+    case once: the caches of this machine's cores are shared with whatever else runs on its host,
+    so a busy spell slows one round of every case instead of every run of one case."""
+    cases = [(order, each) for order in orders for each in queries]
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {case: [] for case in cases}
+    for round_ in range(runs):
+        for order, each in cases:
+            result = matching_measure(each, per_group, matches, order=order, writes=writes)
+            results[(order, each)].append(result)
+            print(f"  round {round_ + 1}/{runs}: {each:>7,} queries ({order}) {result['us_per_write']:6.1f} µs a write",
+                  flush=True)
     rows = []
-    for order in orders:
-        for each in queries:
-            results = [matching_measure(each, per_group, matches, order=order) for _ in range(runs)]
-            best = min(results, key=lambda result: result["us_per_write"])
-            row = {**best, "us_per_write": round(best["us_per_write"], 2),
-                   "runs_us_per_write": [round(result["us_per_write"], 2) for result in results],
-                   "events_per_write": round(best["events_per_write"], 3)}
-            print(f"{each:>7,} queries ({order}): {row['us_per_write']:6.1f} µs a write "
-                  f"(runs {', '.join(f'{value:.1f}' for value in row['runs_us_per_write'])}), "
-                  f"{row['writes']:,} writes, {row['events_per_write']:.2f} events a write", flush=True)
-            rows.append(row)
+    for order, each in cases:
+        runs_of = results[(order, each)]
+        best = min(runs_of, key=lambda result: result["us_per_write"])
+        row = {**best, "us_per_write": round(best["us_per_write"], 2),
+               "runs_us_per_write": [round(result["us_per_write"], 2) for result in runs_of],
+               "events_per_write": round(best["events_per_write"], 3)}
+        print(f"{each:>7,} queries ({order}): {row['us_per_write']:6.1f} µs a write "
+              f"(runs {', '.join(f'{value:.1f}' for value in row['runs_us_per_write'])}), "
+              f"{row['writes']:,} writes, {row['events_per_write']:.2f} events a write", flush=True)
+        rows.append(row)
     return rows
 
 
