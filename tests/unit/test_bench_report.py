@@ -7,6 +7,8 @@ import asyncio
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.bench.report import (
     add_ratios, cpu_percent, delivery_rate, format_table, markdown_table, merged_histogram, percentiles_ms, span_rate,
@@ -106,6 +108,38 @@ def test_data_frames_are_counted_and_a_control_frame_defers_to_the_full_parse():
     data = b"\x81\x02hi" + b"\x82\x7e\x01\x00" + b"y" * 256
     assert count_data_frames(data + b"\x81\x05ab") == (2, len(data), False)
     assert count_data_frames(data + b"\x89\x00") == (0, 0, True)
+
+
+def _walked(buffer: bytes) -> tuple[int, int, bool]:
+    """count_data_frames as a plain walk, frame by frame (the reference)."""
+    count = position = 0
+    for opcode, _, end in parse_server_frames(buffer)[0]:
+        if opcode & 0x08:
+            return 0, 0, True
+        count, position = count + 1, end
+    return count, position, False
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0x1, 0x2, 0x2, 0x2, 0x9, 0xA]), st.sampled_from([0, 5, 125, 126, 200, 70_000]),
+                          st.integers(1, 40)), min_size=1, max_size=4),
+       st.integers(0, 300))
+def test_counting_runs_of_frames_of_one_size_at_once_counts_as_the_walk(runs: list[tuple], cut: int):
+    """Runs of frames of one size (counted as columns from the start) and others, control frames
+    among them, the last cut anywhere: the same count, end and control flag as frame by frame."""
+    stream = b"".join(bytes([0x80 | opcode]) + _server_length(size) + bytes([opcode]) * size
+                      for opcode, size, repeat in runs for _ in range(repeat))
+    buffer = stream[:len(stream) - cut] if cut < len(stream) else stream[:1]
+    assert count_data_frames(buffer) == _walked(buffer)
+    assert count_data_frames(bytearray(buffer)) == _walked(buffer)
+
+
+def _server_length(size: int) -> bytes:
+    if size < 126:
+        return bytes([size])
+    if size < 65536:
+        return bytes([126]) + size.to_bytes(2, "big")
+    return bytes([127]) + size.to_bytes(8, "big")
 
 
 def test_latency_stamp_is_parsed_from_any_payload():
@@ -250,6 +284,19 @@ def test_a_nolag_receivers_batch_ack_joins_the_ids_as_the_router_packed_them(cou
         assert codec.decode(packed) == codec.BatchAck(tuple(ids))
 
 
+def client_payloads(data: bytes) -> list[bytes]:
+    """The payloads of client frames written one after the other (masked with the zero key, so
+    each payload follows its header's 4 mask bytes as it is)."""
+    payloads = []
+    while data:
+        length, header = data[1] & 0x7F, 2
+        if length == 126:
+            length, header = int.from_bytes(data[2:4], "big"), 4
+        payloads.append(data[header + 4:header + 4 + length])
+        data = data[header + 4 + length:]
+    return payloads
+
+
 def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     """``_Acker.chunk``: the ids of a read's complete frames found by one search; the same counts,
     duplicates and ``batchAck``s (``every`` ids each, the rest on the idle timer) as frame by frame,
@@ -280,7 +327,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             return False
 
     class Dialect:
-        duplicates = acks = one_by_one = 0
+        duplicates = acks = one_by_one = columns = 0
 
     class Acker(_Acker):
         __slots__ = ()
@@ -289,6 +336,11 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             self.dialect.one_by_one += 1
             return super().__call__(payload)
 
+        def _uniform(self, buffer, end, frames):
+            found = _Acker._uniform(buffer, end, frames)
+            self.dialect.columns += found is not None
+            return found
+
     class FrameByFrame(Acker):
         __slots__ = ()
 
@@ -296,6 +348,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             return None
 
     one_by_one: list[int] = []  # frames each receive() handed to __call__
+    columns: list[int] = []  # reads each receive() took as columns of frames of one size
 
     def receive(chunks: list[bytes], chunked: bool) -> tuple:
         async def run() -> tuple:
@@ -305,12 +358,11 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             client.handler = (Acker if chunked else FrameByFrame)(client, dialect, every=4)
             for chunk in chunks:
                 client.data_received(chunk)
-            # client frames: masked with the zero key, so the payload follows the header's 4 mask bytes
-            acks = [msgpack.unpackb(frame[(4 if frame[1] & 0x7F == 126 else 2) + 4:])["msgIds"]
-                    for frame in client.transport.written]
+            acks = [msgpack.unpackb(payload)["msgIds"] for payload in client_payloads(b"".join(client.transport.written))]
             result = (client.tally.count, dialect.duplicates, dialect.acks, acks, list(client.handler.pending),
                       bytes(client.buffer), client.handler.timer is not None)
             one_by_one.append(dialect.one_by_one)
+            columns.append(dialect.columns)
             client.handler.flush()
             return result
         return asyncio.run(run())
@@ -338,3 +390,25 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     assert receive(reads, chunked=True)[2:] == (2, [ids[0:4], ids[4:8]], [], b"", False)
     assert receive(reads, chunked=False)[2:] == (2, [ids[0:4], ids[4:8]], [], b"", False)
     assert one_by_one[-5:] == [6, 6, 6, 0, 8]
+    assert not any(columns)  # fewer than UNIFORM_MIN frames a read: searched
+    # reads of frames of one size (a topic's messages): the ids and stamps taken as columns
+    many_ids = [str(uuid.UUID(int=index)) for index in range(30)]
+    many = [message(msg_id, index) for index, msg_id in enumerate(many_ids)] + [message(many_ids[5], 5)]
+    assert len(set(map(len, many))) == 1
+    reads = [b"".join(many[:20]), b"".join(many[20:])]  # the second ends with a redelivery
+    got = receive(reads, chunked=True)
+    # 31 frames, one a redelivery; 7 batchAcks of 4 (the first read's 5 in one write), three ids wait
+    assert got == (30, 1, 7, [many_ids[index:index + 4] for index in range(0, 28, 4)],
+                   [msgpack.packb(many_ids[28]), msgpack.packb(many_ids[29]), msgpack.packb(many_ids[5])], b"", True)
+    assert receive(reads, chunked=False) == got
+    assert columns[-2:] == [2, 0] and one_by_one[-2:] == [0, 31]
+    # a frame of another size among them, or a frame of the size whose id is elsewhere: searched
+    longer = codec.message_packed("app/room/t", msgpack.packb("x" * 51), many_ids[10], True, False, None, None,
+                                  1_700_000_000_000 + 10)
+    moved = msgpack.packb({"type": "message", "topic": "app/room/t", "msgId": many_ids[10], "data": "x" * 50,
+                           "requiresAck": True, "timestamp": 1_700_000_000_000 + 10})  # the id before the data
+    assert len(frame_header(0x2, len(moved)) + moved) == len(many[0])
+    for odd in (longer, moved):
+        mixed = [b"".join(many[:10] + [frame_header(0x2, len(odd)) + odd] + many[11:30])]
+        assert receive(mixed, chunked=True) == receive(mixed, chunked=False)
+        assert columns[-2:] == [0, 0] and one_by_one[-2:] == [0, 30]

@@ -45,7 +45,7 @@ from router.bench.dialects import Profile, register
 from router.bench.loadgen import PAYLOAD_BYTES, Dialect, Subscribers
 from router.bench.report import delivery_rate
 from router.bench.scenarios import Case, Options, split, url_of
-from router.bench.wire import HANDLE, STAMP, Tally, WsClient, open_ws
+from router.bench.wire import HANDLE, STAMP, UNIFORM_MIN, Tally, WsClient, open_ws
 
 KEYS = 1000  # API keys made for a benchmark router; connection i uses key i mod KEYS
 RATE_LIMIT_PER_S = 1_000_000_000  # per connection: out of the way
@@ -155,29 +155,61 @@ class _Acker:
 
     def chunk(self, buffer: bytearray, end: int, frames: int) -> int | None:
         """``frames`` complete data frames in ``buffer[:end]``, read at once: their ids and
-        timestamps found by one search each (a message's ``msgId`` as the router writes it, a
-        UUID's 36 characters; its ``timestamp``), the ids queued for ``batchAck`` and the new
-        messages counted in numpy, with no Python work per frame. None (then each frame goes to
-        ``__call__``) unless every frame holds exactly one of each."""
-        ids = _UUID_MSG_ID.findall(buffer, 0, end)
-        if len(ids) != frames:
-            return None
-        stamps = _MS_TIMESTAMP.findall(buffer, 0, end)
-        if len(stamps) != frames:
-            return None
+        timestamps (a message's ``msgId`` as the router writes it, a UUID's 36 characters; its
+        ``timestamp``) taken from every frame at once (:meth:`_uniform`) or found by one search
+        each, the ids queued for ``batchAck`` and the new messages counted in numpy, with no
+        Python work per frame. None (then each frame goes to ``__call__``) unless every frame
+        holds exactly one of each."""
+        found = self._uniform(buffer, end, frames)
+        if found is None:
+            ids = _UUID_MSG_ID.findall(buffer, 0, end)
+            if len(ids) != frames:
+                return None
+            stamps = _MS_TIMESTAMP.findall(buffer, 0, end)
+            if len(stamps) != frames:
+                return None
+            found = ids, np.frombuffer(b"".join(stamps), dtype=">u8").astype(np.int64)
+        ids, stamps = found
         pending, every = self.pending, self.every
         pending += ids
         if len(pending) >= every and not self.client.closed.done():
+            acks = []
             while len(pending) >= every:
-                self.client.send(batch_ack(pending[:every]))
-                self.dialect.acks += 1
+                acks.append(batch_ack(pending[:every]))
                 del pending[:every]
+            self.client.send_all(acks)  # one write for the read's acks
+            self.dialect.acks += len(acks)
             if self.timer is not None:  # as flush(): the idle timer starts again from what is left
                 self.timer.cancel()
                 self.timer = None
         if pending and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
-        return self._fresh(np.frombuffer(b"".join(stamps), dtype=">u8").astype(np.int64))
+        return self._fresh(stamps)
+
+    @staticmethod
+    def _uniform(buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
+        """The packed ids and the timestamps of ``frames`` frames of one size that hold them at
+        the same places (a topic's messages, as the router writes them: one layout), as columns
+        of a frames × size array; None when they are not such frames."""
+        stride = end // frames
+        if frames < UNIFORM_MIN or stride * frames != end:
+            return None
+        first = bytes(buffer[:stride])
+        key = _UUID_MSG_ID.search(first)
+        if key is None or first.find(_MSG_ID) != key.start():
+            return None  # one-by-one takes the first msgId key's value
+        stamp = _MS_TIMESTAMP.search(first, key.end())  # as one-by-one, after the id
+        if stamp is None:
+            return None
+        rows = np.frombuffer(buffer, np.uint8, end).reshape(frames, stride)
+        # each frame's header (its length), the ids' key and str 8 header and the timestamps' key
+        # and uint 64 marker at the first frame's places
+        fixed = np.r_[0:4, key.start():key.start(1) + 2, stamp.start():stamp.start(1)]
+        if not (rows[:, fixed] == rows[0, fixed]).all():
+            return None
+        ids = np.ascontiguousarray(rows[:, key.start(1):key.end(1)]).view(f"S{key.end(1) - key.start(1)}")
+        stamps = np.ascontiguousarray(rows[:, stamp.start(1):stamp.end(1)]).view(">u8")
+        return ids.ravel().tolist(), stamps.ravel().astype(np.int64)
 
     def _fresh(self, stamps: np.ndarray) -> int:
         """How many of ``stamps`` (in the order received) are above every one before them."""
