@@ -332,15 +332,25 @@ class EventLog:
         """One fan-out group of ``connections`` (a tuple or a list of ids). The stream and the
         chunk are found as in :meth:`ingress`, inline: a call would cost as much as the lookup.
         A group of none (each of its deliveries failed) has no row, nor a stream: its strings
-        would sit in the file's dictionaries unused."""
+        would sit in the file's dictionaries unused. A group that cannot be stored (a bad id)
+        raises and leaves nothing either: its stream is kept only once its record is."""
         count = len(connections)
         if not count:
             return
+        if count > 1:
+            if connections is self._run_ids:
+                packed = self._run_packed
+            else:
+                packed = array.array("q", connections)  # a bad id raises here
+                if type(connections) is tuple:  # immutable: the groups of a run share it, packed once
+                    self._run_ids, self._run_packed = connections, packed
         origin, seq, ingress_ns, dialect, kind, topic = meta
         key = (origin, dialect, kind, topic)
-        stream = self._streams.get(key)
-        if stream is None:
-            stream = self._streams[key] = len(self._streams)
+        streams = self._streams
+        stream = streams.get(key)
+        new = stream is None
+        if new:
+            stream = len(streams)
         offset = self._groups_at
         if offset == _GROUP_CHUNK:
             offset = self._next_group_chunk()
@@ -348,13 +358,9 @@ class EventLog:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
         else:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, 0)
-            if connections is self._run_ids:
-                packed = self._run_packed
-            else:
-                packed = array.array("q", connections)  # a bad id raises here: nothing is appended
-                if type(connections) is tuple:  # immutable: the groups of a run share it, packed once
-                    self._run_ids, self._run_packed = connections, packed
             self._ids.extend(packed)  # from an array: a copy of its bytes, not an int at a time
+        if new:
+            streams[key] = stream
         self._groups_at = offset + _GROUP_SIZE
 
     def delivered_items(self, ts_ns: int, items: list) -> None:

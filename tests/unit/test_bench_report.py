@@ -349,6 +349,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
 
     one_by_one: list[int] = []  # frames each receive() handed to __call__
     columns: list[int] = []  # reads each receive() took as columns of frames of one size
+    writes: list[int] = []  # the transport's writes in each receive(), before the idle timer's
 
     def receive(chunks: list[bytes], chunked: bool) -> tuple:
         async def run() -> tuple:
@@ -363,6 +364,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
                       bytes(client.buffer), client.handler.timer is not None)
             one_by_one.append(dialect.one_by_one)
             columns.append(dialect.columns)
+            writes.append(len(client.transport.written))
             client.handler.flush()
             return result
         return asyncio.run(run())
@@ -402,13 +404,19 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
                    [msgpack.packb(many_ids[5])], b"", True)
     assert receive(reads, chunked=False) == got
     assert columns[-2:] == [2, 0] and one_by_one[-2:] == [0, 121]
+    assert writes[-2:] == [2, 30]  # taken at once, a read's batchAcks go in one write; one by one, each in its own
     # a frame of another size among them, or a frame of the size whose id is elsewhere: searched
     longer = codec.message_packed("app/room/t", msgpack.packb("x" * 51), many_ids[10], True, False, None, None,
                                   1_700_000_000_000 + 10)
     moved = msgpack.packb({"type": "message", "topic": "app/room/t", "msgId": many_ids[10], "data": "x" * 50,
                            "requiresAck": True, "timestamp": 1_700_000_000_000 + 10})  # the id before the data
     assert len(frame_header(0x2, len(moved)) + moved) == len(many[0])
-    for odd in (longer, moved):
+    # a frame whose data (bytes, as long) holds a msgId key and a UUID-sized value before the real
+    # one (one-by-one takes that first one): neither columns nor the search, one by one
+    decoy = codec.message_packed("app/room/t", msgpack.packb(msgpack.packb("msgId") + b"\xd9\x24" + b"0" * 36 + b"x" * 6),
+                                 many_ids[10], True, False, None, None, 1_700_000_000_000 + 10)
+    assert len(frame_header(0x2, len(decoy)) + decoy) == len(many[0])
+    for odd in (longer, moved, decoy):
         mixed = [b"".join(many[:10] + [frame_header(0x2, len(odd)) + odd] + many[11:80])]
         assert receive(mixed, chunked=True) == receive(mixed, chunked=False)
-        assert columns[-2:] == [0, 0] and one_by_one[-2:] == [0, 80]
+        assert columns[-2:] == [0, 0] and one_by_one[-2:] == ([80, 80] if odd is decoy else [0, 80])

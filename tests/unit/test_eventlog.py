@@ -10,6 +10,7 @@ from __future__ import annotations
 import calendar
 import logging
 import re
+import struct
 import time
 from concurrent.futures import Future
 import threading
@@ -218,8 +219,8 @@ def test_a_group_with_a_bad_id_is_not_logged_and_leaves_the_others_in_step(log, 
 
 def test_groups_sharing_their_ids_each_keep_the_ids_they_had_when_logged(log, events_dir):
     """A run's groups share one tuple of ids (packed once for all of them); a list is read at each
-    group, so one changed between two groups logs what it held each time, and a tuple of the same
-    ids that is another object is read on its own."""
+    group, so one changed between two groups logs what it held each time; another tuple between
+    two groups of the run is read on its own, and a bad one leaves the run's ids as they were."""
     run = (11, 12, 13)
     changing = [21, 22]
     log.delivered(T0 + 1, meta(seq=1), 10, run)
@@ -263,8 +264,12 @@ def test_delivered_group_without_connections_adds_no_rows(log, events_dir):
 
 def test_a_group_without_connections_leaves_nothing_in_the_files_dictionaries(log, events_dir):
     """A group every delivery of which failed has no connection left: no row, and its stream's
-    strings (kind, topic, origin) are not in the file's dictionaries either."""
+    strings (kind, topic, origin) are not in the file's dictionaries either; nor are those of a
+    group refused for a bad id (one of several, or its only one)."""
     log.delivered(T0 + 100, meta(seq=1, origin=OTHER_GATEWAY, kind="hub:ghost", topic="rooms/nobody"), 10, [])
+    for bad in ((7, "not an id"), ("not an id",)):
+        with pytest.raises((TypeError, struct.error)):
+            log.delivered(T0 + 150, meta(seq=3, origin="gw-bad", kind="hub:bad", topic="rooms/bad"), 10, bad)
     log.delivered(T0 + 200, meta(seq=2), 10, (5,))
     written(log)
     [path] = events_dir.rglob("*.parquet")

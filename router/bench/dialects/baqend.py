@@ -477,6 +477,7 @@ class RestWriter:
 #     router bench matching [--param baqend.queries=1000,2000,5000,10000,20000]
 #                           [--param baqend.per_group=200 | --param baqend.writes=20000]
 #                           [--param baqend.matches=10] [--param baqend.order=round,grouped]
+#                           [--param baqend.runs=3]
 #
 # value: µs of one core per write over all the tables, the least of ``MATCHING_RUNS`` runs (or
 # ``--param baqend.runs=N``), run in rounds of every case.

@@ -190,8 +190,8 @@ class _Acker:
     @staticmethod
     def _uniform(buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
         """The packed ids and the timestamps of ``frames`` frames of one size that hold them at
-        the same places (a topic's messages, as the router writes them: one layout), as columns
-        of a frames × size array; None when they are not such frames."""
+        the same places (a topic's messages, as the router writes them: one layout), each frame
+        one ``msgId`` key, as columns of a frames × size array; None when they are not such frames."""
         stride = end // frames
         if frames < COLUMNS_MIN or stride * frames != end:
             return None
@@ -202,10 +202,13 @@ class _Acker:
         stamp = _MS_TIMESTAMP.search(first, key.end())  # as one-by-one, after the id
         if stamp is None:
             return None
+        if buffer.count(_MSG_ID, 0, end) != frames:
+            return None  # a frame with a second msgId key: one-by-one might take that one
         rows = np.frombuffer(buffer, np.uint8, end).reshape(frames, stride)
-        # each frame's header (its length), the ids' key and str 8 header and the timestamps' key
-        # and uint 64 marker at the first frame's places
-        for low, high in ((0, 4), (key.start(), key.start(1) + 2), (stamp.start(), stamp.start(1))):
+        # at the first frame's places in every frame: the header (its length), the ids' key and
+        # str 8 header, and all from the id's end to the timestamp's value (so the first stamp
+        # after the id, as one-by-one reads it, is there too)
+        for low, high in ((0, 4), (key.start(), key.start(1) + 2), (key.end(1), stamp.start(1))):
             if not (rows[1:, low:high] == rows[0, low:high]).all():
                 return None
         ids = np.ascontiguousarray(rows[:, key.start(1):key.end(1)]).view(f"S{key.end(1) - key.start(1)}")
