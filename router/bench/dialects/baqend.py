@@ -524,13 +524,13 @@ def matching_measure(queries: int, per_group: int, matches: int, shards: int = M
     numbers = range(count)  # write n goes to group n % groups, its k-th write is n = k * groups + group
     if order == "grouped":  # the same writes, a group's in a row
         numbers = sorted(numbers, key=lambda n: (n % layout.groups, n))
-    writes = [Write("Bench", None, {"id": f"/db/Bench/{n:09d}", "version": 1, "acl": None, "g": layout.group(n),
-                                    "n": n}, "insert", seq, None)
-              for seq, n in enumerate(numbers, 1)]
+    inserts = [Write("Bench", None, {"id": f"/db/Bench/{n:09d}", "version": 1, "acl": None, "g": layout.group(n),
+                                     "n": n}, "insert", seq, None)
+               for seq, n in enumerate(numbers, 1)]
     gc.collect()
     started = time.perf_counter()
     for start in range(0, count, MATCHING_BATCH):
-        batch = writes[start:start + MATCHING_BATCH]
+        batch = inserts[start:start + MATCHING_BATCH]
         for table in tables:
             table.apply(0, "bench", batch)
     elapsed = time.perf_counter() - started
