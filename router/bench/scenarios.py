@@ -61,6 +61,15 @@ class Options:
         return parts if "," in self.params[key] else parts[0]
 
 
+def scalar(options: Options, key: str, default: int) -> int:
+    value = options.param(key, default)
+    if isinstance(value, list):
+        raise SystemExit(f"router bench: --param {key}: one value, not a list")
+    if value < 1:
+        raise SystemExit(f"router bench: --param {key}: must be at least 1")
+    return value
+
+
 @dataclass
 class Case:
     scenario: str

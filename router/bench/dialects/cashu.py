@@ -72,7 +72,7 @@ import orjson
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
 from router.bench.report import delivery_rate
-from router.bench.scenarios import Case, Options, latency_row, split
+from router.bench.scenarios import Case, Options, latency_row, scalar, split
 from router.bench.systems import System, Unavailable, SubprocessSystem
 from router.bench.wire import HANDLE, WsClient, split_url, stamp
 from router.proc import free_port
@@ -322,15 +322,6 @@ RECEIVERS = ("Subscribers", "NutshellWallets")
 
 # -- the orchestrator's side -------------------------------------------------------------------
 
-def _scalar(options: Options, key: str, default: int) -> int:
-    value = options.param(key, default)
-    if isinstance(value, list):
-        raise SystemExit(f"router bench: --param {key}: one value, not a list")
-    if value < 1:
-        raise SystemExit(f"router bench: --param {key}: must be at least 1")
-    return value
-
-
 def _layout(connections: int, subscriptions: int, objects: int) -> list[list[int]]:
     """Quote indexes each wallet connection subscribes to (one subscription each): every quote
     gets subscriptions/objects subscribers, spread over the connections."""
@@ -354,13 +345,13 @@ def _prefix() -> str:
 
 
 def notify_cases(options: Options) -> list[Case]:
-    connections = _scalar(options, "cashu.connections", 100)
-    subscriptions = _scalar(options, "cashu.subscriptions", 1000)
-    objects = _scalar(options, "cashu.objects", 100)
-    rounds = _scalar(options, "cashu.rounds", max(1, options.deliveries // subscriptions))
-    batch = _scalar(options, "cashu.batch", 100)
-    concurrency = _scalar(options, "cashu.concurrency", 4)
-    nutshell_rounds = _scalar(options, "cashu.nutshell_rounds", 5)
+    connections = scalar(options, "cashu.connections", 100)
+    subscriptions = scalar(options, "cashu.subscriptions", 1000)
+    objects = scalar(options, "cashu.objects", 100)
+    rounds = scalar(options, "cashu.rounds", max(1, options.deliveries // subscriptions))
+    batch = scalar(options, "cashu.batch", 100)
+    concurrency = scalar(options, "cashu.concurrency", 4)
+    nutshell_rounds = scalar(options, "cashu.nutshell_rounds", 5)
     layout = _layout(connections, subscriptions, objects)
     subscribed = sum(len(indexes) for indexes in layout)
 
@@ -419,9 +410,9 @@ def notify_cases(options: Options) -> list[Case]:
 
 def latency_cases(options: Options) -> list[Case]:
     connections = options.latency_subscribers
-    subscriptions = _scalar(options, "cashu.subscriptions", 1000)
-    objects = _scalar(options, "cashu.objects", 100)
-    concurrency = _scalar(options, "cashu.concurrency", 4)
+    subscriptions = scalar(options, "cashu.subscriptions", 1000)
+    objects = scalar(options, "cashu.objects", 100)
+    concurrency = scalar(options, "cashu.concurrency", 4)
     messages = int(options.rate * options.latency_seconds)
     layout = _layout(connections, subscriptions, objects)
     per_quote = [messages // objects + (1 if index < messages % objects else 0) for index in range(objects)]
