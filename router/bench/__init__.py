@@ -25,7 +25,7 @@ from typing import Any
 
 from router.bench import dialects as bench_dialects
 from router.bench.report import add_ratios, document, format_table, markdown_table, plot, write_json
-from router.bench.scenarios import PLANS, SCENARIOS, Case, Options, run_system
+from router.bench.scenarios import PLANS, SCENARIOS, Case, Options, run_system, scalar
 from router.bench.systems import ClusterRouterSystem, RawSystem, RedisSystem, RouterSystem, System, Unavailable
 
 SYSTEMS = ("raw", "redis", "router")
@@ -184,13 +184,9 @@ def _matching(args: argparse.Namespace) -> int:
     params = Options(params=_params(args.param))
     queries = params.param("baqend.queries", [1000, 2000, 5000, 10_000, 20_000])
     per_group, matches = params.param("baqend.per_group", 200), params.param("baqend.matches", 10)
-    writes = params.param("baqend.writes", None)  # in all, the same at every Q (else per_group a group)
-    if writes is not None and (isinstance(writes, list) or writes < 1):
-        raise SystemExit("router bench: baqend.writes is one number of writes, at least 1")
+    writes = scalar(params, "baqend.writes", None)  # in all, the same at every Q (else per_group a group)
     orders = params.param("baqend.order", "round", str)
-    runs = params.param("baqend.runs", baqend.MATCHING_RUNS)
-    if isinstance(runs, list) or runs < 1:
-        raise SystemExit("router bench: baqend.runs is one number of rounds, at least 1")
+    runs = scalar(params, "baqend.runs", baqend.MATCHING_RUNS)
     rows = baqend.matching_run(queries if isinstance(queries, list) else [queries], per_group, matches, runs=runs,
                                orders=tuple(orders) if isinstance(orders, list) else (orders,), writes=writes)
     out = Path(args.out or "benchmarks/results/bench-matching.json")

@@ -61,8 +61,11 @@ class Options:
         return parts if "," in self.params[key] else parts[0]
 
 
-def scalar(options: Options, key: str, default: int) -> int:
+def scalar(options: Options, key: str, default: int | None) -> int | None:
+    """``--param key=value`` as one number of at least 1, else ``default`` (None: not given)."""
     value = options.param(key, default)
+    if value is None:
+        return None
     if isinstance(value, list):
         raise SystemExit(f"router bench: --param {key}: one value, not a list")
     if value < 1:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateways.server import frame_header
 from router.bench.report import (
     add_ratios, cpu_percent, delivery_rate, format_table, markdown_table, merged_histogram, percentiles_ms, span_rate,
     write_json,
@@ -127,19 +128,11 @@ def _walked(buffer: bytes) -> tuple[int, int, bool]:
 def test_counting_runs_of_frames_of_one_size_at_once_counts_as_the_walk(runs: list[tuple], cut: int):
     """Runs of frames of one size (counted as columns from the start) and others, control frames
     among them, the last cut anywhere: the same count, end and control flag as frame by frame."""
-    stream = b"".join(bytes([0x80 | opcode]) + _server_length(size) + bytes([opcode]) * size
+    stream = b"".join(frame_header(opcode, size) + bytes([opcode]) * size
                       for opcode, size, repeat in runs for _ in range(repeat))
     buffer = stream[:len(stream) - cut] if cut < len(stream) else stream[:1]
     assert count_data_frames(buffer) == _walked(buffer)
     assert count_data_frames(bytearray(buffer)) == _walked(buffer)
-
-
-def _server_length(size: int) -> bytes:
-    if size < 126:
-        return bytes([size])
-    if size < 65536:
-        return bytes([126]) + size.to_bytes(2, "big")
-    return bytes([127]) + size.to_bytes(8, "big")
 
 
 def test_latency_stamp_is_parsed_from_any_payload():
@@ -307,7 +300,6 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     import msgpack
 
     from gateways.nolag import codec
-    from gateways.server import frame_header
     from router.bench.dialects.nolag import _Acker
     from router.bench.wire import HANDLE, Tally, WsClient
 
