@@ -16,14 +16,18 @@ class TokenBucket:
 
     def take(self, now: float, cost: float = 1.0) -> float:
         """Take ``cost`` tokens; returns 0.0 on success, else the seconds until they would be there."""
+        tokens = self.tokens  # locals and a comparison, not min(): every message passes here
         elapsed = now - self.updated
         if elapsed > 0:
-            self.tokens = min(self.capacity, self.tokens + elapsed * self.rate)
+            tokens += elapsed * self.rate
+            if tokens > self.capacity:
+                tokens = self.capacity
             self.updated = now
-        if self.tokens >= cost:
-            self.tokens -= cost
+        if tokens >= cost:
+            self.tokens = tokens - cost
             return 0.0
-        return (cost - self.tokens) / self.rate
+        self.tokens = tokens
+        return (cost - tokens) / self.rate
 
     @staticmethod
     def retry_after_ms(wait_seconds: float) -> int:

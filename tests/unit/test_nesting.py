@@ -8,6 +8,8 @@ import json
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateways.cashu import codec as cashu
 from gateways.cashu.config import CASHU_KINDS
@@ -51,6 +53,14 @@ def test_json_with_few_brackets_cannot_nest_too_deep_so_the_walk_is_skipped():
     assert json_may_nest_deeper(deeper) and json_may_nest_deeper(deeper.encode())
     # Brackets inside strings only overcount: the walk then runs and decides.
     assert json_may_nest_deeper(json.dumps({"s": "{[" * 20})) and not too_deep({"s": "{[" * 20})
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.binary(max_size=200) | st.lists(st.sampled_from([b"{", b"[", b"}", b"]", b'"', b"a"]), max_size=80)
+       .map(b"".join), limit=st.integers(0, 40))
+def test_bytes_may_nest_deeper_exactly_when_they_hold_more_openers_than_the_limit(text, limit):
+    assert json_may_nest_deeper(text, limit) == (text.count(b"{") + text.count(b"[") > limit)
+    assert json_may_nest_deeper(bytearray(text), limit) == json_may_nest_deeper(text, limit)
 
 
 def test_signal_refuses_a_message_nested_too_deep():
