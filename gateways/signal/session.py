@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 DIALECT = "signal"
 _EMPTY = b""  # a reply slot that ends without a frame
+ACK_HEADS_MAX = 64  # (address, topic) pairs whose delivery-ack start a connection keeps
 
 # Which capability each message type needs (auth enabled or not; anonymous sessions get
 # `anonymous_capabilities`). Connection control needs none.
@@ -90,6 +91,7 @@ class SignalSession(DialectSession):
         self.last_seen = time.monotonic()
         self.bucket = TokenBucket(dialect.bucket_rate, dialect.bucket_capacity, self.last_seen)
         self.replies: deque[list] = deque()
+        self._ack_heads: dict[tuple[str, str], bytes] = {}  # (to, topic) -> codec.delivery_ack_head
         self._close_when_answered: tuple[int, str] | None = None
         self.in_flight = 0
         self.processed = 0
@@ -212,18 +214,19 @@ class SignalSession(DialectSession):
 
     def _check(self, request: Request) -> None:
         """Expiry, connection state, token lifetime, identity and capability, in that order."""
-        now = now_ms()
-        if codec.is_expired(request, now):
-            raise SignalError(codec.MESSAGE_EXPIRED, "Message TTL exceeded before it reached the hub",
-                              {"timestamp": request.timestamp, "ttl": request.ttl, "serverTime": now},
-                              request.reply_id, request.sender)
+        if request.ttl is not None:  # the clock is read only when a message or a token can expire
+            now = now_ms()
+            if codec.is_expired(request, now):
+                raise SignalError(codec.MESSAGE_EXPIRED, "Message TTL exceeded before it reached the hub",
+                                  {"timestamp": request.timestamp, "ttl": request.ttl, "serverTime": now},
+                                  request.reply_id, request.sender)
         if request.type == "hub:connect":
             return
         if not self.connected:
             raise SignalError(codec.UNAUTHORIZED, "Send hub:connect first", None, request.reply_id, request.sender)
         if request.type == "hub:disconnect":
             return
-        if self.token_expires_ms is not None and now >= self.token_expires_ms:
+        if self.token_expires_ms is not None and now_ms() >= self.token_expires_ms:
             raise SignalError(codec.UNAUTHORIZED, "JWT expired; reconnect with a fresh token",
                               {"expiredAt": self.token_expires_ms}, request.reply_id, request.sender)
         if self.dialect.verifier is not None and request.sender != self.identity:
@@ -608,9 +611,22 @@ class SignalSession(DialectSession):
     def _publish(self, request: Request) -> None:
         topic = self._topic_of(request)
         key = topic_key(topic)
-        self._ask(request, TOPIC, key, contract.publish(key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
-                  lambda count: {"topic": topic, "subscriberCount": count, "deliveredCount": count},
-                  "hub:delivery_ack")
+        shards = self.shards
+        shards.send(shards.link(TOPIC, key), contract.publish(key, request.raw, DELIVER_TEXT, None,
+                                                              self._meta(request.type)),
+                    _Published(self, self._slot(), request, topic))
+
+    def _delivery_ack_head(self, to: str, topic: str) -> bytes:
+        """The start of this connection's ``hub:delivery_ack`` to ``to`` about ``topic``, kept for
+        the next publish (a connection publishes to a few topics, from one address when
+        authenticated); bounded: emptied when full."""
+        key = (to, topic)
+        head = self._ack_heads.get(key)
+        if head is None:
+            if len(self._ack_heads) >= ACK_HEADS_MAX:
+                self._ack_heads.clear()
+            head = self._ack_heads[key] = codec.delivery_ack_head(self.hub, to, topic)
+        return head
 
     # -- flow control ---------------------------------------------------------------------
 
@@ -649,6 +665,25 @@ class _Answer:
         payload = self.on_result(result)
         session._fill(self.slot, _EMPTY if payload is None else
                       codec.encode(self.reply_type, session.hub, request.sender, payload, request.reply_id))
+
+
+class _Published:
+    """The topic shard's answer to one ``hub:publish`` (its subscribers, each delivered to): the
+    ``hub:delivery_ack``, in order with the other replies. Every publish is answered: its ack is
+    formatted from the connection's kept start (:func:`codec.delivery_ack`), not built as a dict."""
+
+    __slots__ = ("session", "slot", "request", "topic")
+
+    def __init__(self, session: SignalSession, slot: list, request: Request, topic: str) -> None:
+        self.session, self.slot, self.request, self.topic = session, slot, request, topic
+
+    def __call__(self, result: Any) -> None:
+        session, request = self.session, self.request
+        if type(result) is not int:
+            session._fill_error(self.slot, request, session._shard_failure(result, request))
+            return
+        session._fill(self.slot, codec.delivery_ack(session._delivery_ack_head(request.sender, self.topic), result,
+                                                    request.reply_id))
 
 
 class _Sent:

@@ -129,3 +129,37 @@ def test_publish_without_subscribers_and_closed_subscribers(hub):
         await publisher.close()
 
     run(scenario())
+
+
+def test_each_publish_is_acked_for_its_own_topic_and_id_past_the_kept_ack_starts(hub):
+    """A connection keeps the start of its delivery acks for up to 64 (address, topic) pairs, then
+    starts again: publishes to 70 topics, twice round, each get the ack of their own topic, count
+    and correlationId (a string, a number, or none when the publish has no id)."""
+    from gateways.signal.session import ACK_HEADS_MAX
+
+    async def scenario():
+        topics = [f"many/{n}" for n in range(ACK_HEADS_MAX + 6)]
+        subscriber = await HubClient.open(hub.ws_urls[0], "seag/many-sub", make_token("seag/many-sub"))
+        for topic in topics[::2]:
+            await subscriber.request("hub:subscribe", {"topic": topic})
+        publisher = await HubClient.open(hub.ws_urls[0], "browser/many", make_token("browser/many"))
+        expected = []
+        for round_ in range(2):
+            for n, topic in enumerate(topics):
+                ids = [{"correlationId": f"c-{round_}-{n}"}, {"id": round_ * 1000 + n}, {}][n % 3]
+                await publisher.send("hub:publish", {"topic": topic, "message": n}, **ids)
+                ack = {"type": "hub:delivery_ack", "from": HUB, "to": "browser/many",
+                       "payload": {"topic": topic, "subscriberCount": 1 - n % 2, "deliveredCount": 1 - n % 2}}
+                if ids:
+                    ack["correlationId"] = next(iter(ids.values()))
+                expected.append(ack)
+        assert [await publisher.recv() for _ in expected] == expected
+        got = [await subscriber.recv() for _ in range(2 * len(topics[::2]))]
+        by_topic: dict[str, list] = {}  # topics of different shards arrive in either order
+        for m in got:
+            by_topic.setdefault(m["payload"]["topic"], []).append(m["payload"]["message"])
+        assert by_topic == {topic: [n, n] for n, topic in enumerate(topics) if n % 2 == 0}
+        await subscriber.close()
+        await publisher.close()
+
+    run(scenario())

@@ -506,3 +506,32 @@ def test_known_addresses_answer_as_the_check_does_and_stay_bounded(monkeypatch):
 
     assert normalize_address(Text("rt/d")) == "rt/d" and "rt/d" not in signal_codec._KNOWN  # plain str only
     assert type(normalize_address("rt/d")) is str
+
+
+# -- hub:delivery_ack formatted from its kept start ---------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_REPLY_IDS = st.one_of(st.none(), st.text(max_size=40), st.integers(-(2**63), 2**63 - 1),
+                       st.floats(allow_nan=False, allow_infinity=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=st.text(min_size=1, max_size=60), to=st.from_regex(r"[a-z0-9-]{1,8}/[a-z0-9-]{1,8}", fullmatch=True),
+       count=st.integers(0, 10**9), reply_id=_REPLY_IDS)
+def test_a_delivery_ack_from_its_start_is_the_encoded_one_byte_for_byte(topic, to, count, reply_id):
+    head = codec.delivery_ack_head("cloudflare/signal-hub", to, topic)
+    expected = encode("hub:delivery_ack", "cloudflare/signal-hub", to,
+                      {"topic": topic, "subscriberCount": count, "deliveredCount": count}, reply_id)
+    assert codec.delivery_ack(head, count, reply_id) == expected
+
+
+def test_a_delivery_ack_escapes_its_topic_and_id_as_json():
+    head = codec.delivery_ack_head("cloudflare/signal-hub", "rt/a", 'a"b\\c\n\u00e9\u2028')
+    frame = codec.delivery_ack(head, 2, 'x"y')
+    assert orjson.loads(frame) == {"type": "hub:delivery_ack", "from": "cloudflare/signal-hub", "to": "rt/a",
+                                   "payload": {"topic": 'a"b\\c\n\u00e9\u2028', "subscriberCount": 2,
+                                               "deliveredCount": 2},
+                                   "correlationId": 'x"y'}
+    assert "correlationId" not in orjson.loads(codec.delivery_ack(head, 0))
