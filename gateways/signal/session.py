@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 DIALECT = "signal"
 _EMPTY = b""  # a reply slot that ends without a frame
 ACK_HEADS_MAX = 64  # (address, topic) pairs whose delivery-ack start a connection keeps
+ROUTES_MAX = 64  # topics whose key and shard a connection keeps for its publishes
 
 # Which capability each message type needs (auth enabled or not; anonymous sessions get
 # `anonymous_capabilities`). Connection control needs none.
@@ -92,6 +93,7 @@ class SignalSession(DialectSession):
         self.bucket = TokenBucket(dialect.bucket_rate, dialect.bucket_capacity, self.last_seen)
         self.replies: deque[list] = deque()
         self._ack_heads: dict[tuple[str, str], bytes] = {}  # (to, topic) -> codec.delivery_ack_head
+        self._routes: dict[str, tuple[str, str, Any]] = {}  # topic -> (topic, key, link): _route
         self._close_when_answered: tuple[int, str] | None = None
         self.in_flight = 0
         self.processed = 0
@@ -610,11 +612,23 @@ class SignalSession(DialectSession):
 
     def _publish(self, request: Request) -> None:
         topic = self._topic_of(request)
+        route = self._routes.get(topic)
+        if route is None:
+            route = self._route(topic)
+        topic, key, link = route
+        self._topic = topic  # the kept str: a batch to the shard pickles it once, its hash is kept
+        self.shards.send(link, contract.publish(key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
+                         _Published(self, self._slot(), request, topic))
+
+    def _route(self, topic: str) -> tuple[str, str, Any]:
+        """Where this connection's publishes to ``topic`` go: the topic, its key and its shard's
+        link, kept for the next publish (the links never change; a restarted shard keeps its
+        link). Bounded: emptied when full."""
+        if len(self._routes) >= ROUTES_MAX:
+            self._routes.clear()
         key = topic_key(topic)
-        shards = self.shards
-        shards.send(shards.link(TOPIC, key), contract.publish(key, request.raw, DELIVER_TEXT, None,
-                                                              self._meta(request.type)),
-                    _Published(self, self._slot(), request, topic))
+        route = self._routes[topic] = (topic, key, self.shards.link(TOPIC, key))
+        return route
 
     def _delivery_ack_head(self, to: str, topic: str) -> bytes:
         """The start of this connection's ``hub:delivery_ack`` to ``to`` about ``topic``, kept for

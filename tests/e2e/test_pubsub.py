@@ -132,10 +132,13 @@ def test_publish_without_subscribers_and_closed_subscribers(hub):
 
 
 def test_each_publish_is_acked_for_its_own_topic_and_id_past_the_kept_ack_starts(hub):
-    """A connection keeps the start of its delivery acks for up to 64 (address, topic) pairs, then
-    starts again: publishes to 70 topics, twice round, each get the ack of their own topic, count
-    and correlationId (a string, a number, or none when the publish has no id)."""
-    from gateways.signal.session import ACK_HEADS_MAX
+    """A connection keeps the start of its delivery acks for up to 64 (address, topic) pairs, and
+    its topics' routes (key and shard) for up to 64 topics, then starts again: publishes to 70
+    topics, twice round, each reach their own topic's subscribers and get the ack of their own
+    topic, count and correlationId (a string, a number, or none when the publish has no id)."""
+    from gateways.signal.session import ACK_HEADS_MAX, ROUTES_MAX
+
+    assert ROUTES_MAX == ACK_HEADS_MAX
 
     async def scenario():
         topics = [f"many/{n}" for n in range(ACK_HEADS_MAX + 6)]
