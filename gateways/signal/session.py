@@ -38,8 +38,11 @@ logger = logging.getLogger(__name__)
 
 DIALECT = "signal"
 _EMPTY = b""  # a reply slot that ends without a frame
-ACK_HEADS_MAX = 64  # (address, topic) pairs whose delivery-ack start a connection keeps
-ROUTES_MAX = 64  # topics whose key and shard a connection keeps for its publishes
+# Per connection, for its publishes: (address, topic) pairs whose delivery-ack start it keeps, and
+# topics whose key and shard link it keeps. A publisher uses a few; at 16 a connection keeps at most
+# about 20 KB for both with topics of max_topic_length (256) characters.
+ACK_HEADS_MAX = 16
+ROUTES_MAX = 16
 
 # Which capability each message type needs (auth enabled or not; anonymous sessions get
 # `anonymous_capabilities`). Connection control needs none.
@@ -623,7 +626,7 @@ class SignalSession(DialectSession):
     def _route(self, topic: str) -> tuple[str, str, Any]:
         """Where this connection's publishes to ``topic`` go: the topic, its key and its shard's
         link, kept for the next publish (the links never change; a restarted shard keeps its
-        link). Bounded: emptied when full."""
+        link). Bounded (:data:`ROUTES_MAX`): emptied when full."""
         if len(self._routes) >= ROUTES_MAX:
             self._routes.clear()
         key = topic_key(topic)
@@ -633,7 +636,7 @@ class SignalSession(DialectSession):
     def _delivery_ack_head(self, to: str, topic: str) -> bytes:
         """The start of this connection's ``hub:delivery_ack`` to ``to`` about ``topic``, kept for
         the next publish (a connection publishes to a few topics, from one address when
-        authenticated); bounded: emptied when full."""
+        authenticated); bounded (:data:`ACK_HEADS_MAX`): emptied when full."""
         key = (to, topic)
         head = self._ack_heads.get(key)
         if head is None:
@@ -693,7 +696,7 @@ class _Published:
 
     def __call__(self, result: Any) -> None:
         session, request = self.session, self.request
-        if type(result) is not int:
+        if isinstance(result, (CommandError, ShardUnavailable)):
             session._fill_error(self.slot, request, session._shard_failure(result, request))
             return
         session._fill(self.slot, codec.delivery_ack(session._delivery_ack_head(request.sender, self.topic), result,

@@ -132,8 +132,8 @@ def test_publish_without_subscribers_and_closed_subscribers(hub):
 
 
 def test_each_publish_is_acked_for_its_own_topic_and_id_past_the_kept_ack_starts(hub):
-    """A connection keeps the start of its delivery acks for up to 64 (address, topic) pairs, and
-    its topics' routes (key and shard) for up to 64 topics, then starts again: publishes to 70
+    """A connection keeps the start of its delivery acks for up to 16 (address, topic) pairs, and
+    its topics' routes (key and shard) for up to 16 topics, then starts again: publishes to 22
     topics, twice round, each reach their own topic's subscribers and get the ack of their own
     topic, count and correlationId (a string, a number, or none when the publish has no id)."""
     from gateways.signal.session import ACK_HEADS_MAX, ROUTES_MAX
