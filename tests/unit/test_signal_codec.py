@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateways.signal import codec
 from gateways.signal.codec import (
@@ -510,8 +512,6 @@ def test_known_addresses_answer_as_the_check_does_and_stay_bounded(monkeypatch):
 
 # -- hub:delivery_ack formatted from its kept start ---------------------------------------------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _REPLY_IDS = st.one_of(st.none(), st.text(max_size=40), st.integers(-(2**63), 2**63 - 1),
                        st.floats(allow_nan=False, allow_infinity=False))
