@@ -48,7 +48,7 @@ from gateways.shardclient import ShardLink
 from router import contract
 from router.contract import now_ms
 from router.errors import CommandError, ShardUnavailable
-from router.ids import uuid4
+from router.ids import uuid7
 from actors.nolag.keys import KeyRecord, KeyStore, month_of, open_key_store, pattern_matches
 from router.ratelimit import TokenBucket
 from router.shardmap import SESSION, TOPIC
@@ -735,7 +735,7 @@ class NolagSession(DialectSession):
                 raise codec.nolag_error("not_subscribed", f"subscribe to {topic} before publishing to it", topic, ref)
             sub.may_publish = True
         stored = request.qos >= 1 and self.config.log_retention_s > 0
-        msg_id = uuid4() if stored else None
+        msg_id = uuid7() if stored else None  # time-ordered: the log's index grows at its end
         key = topic_key(self.project, topic)
         exclude = None if request.echo else self.wire.id
         command = nolag.publish(key, topic, request.data_packed, request.qos, request.filter, exclude, msg_id,

@@ -1,8 +1,10 @@
-"""router/ids.py: version 4 UUID strings from blocks of os.urandom."""
+"""router/ids.py: version 4 UUID strings from blocks of os.urandom, and time-ordered version 7 ones."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 import uuid
 
 from router import ids
@@ -54,3 +56,46 @@ def test_threads_never_take_the_same_bytes(monkeypatch):
     for thread in threads:
         thread.join()
     assert len(made) == 2000 and len(set(made)) == 2000
+
+
+def test_time_ordered_ids_are_version_7_uuids_in_order_of_making():
+    before_ms = time.time_ns() // 1_000_000
+    made = [ids.uuid7() for _ in range(20_000)]
+    after_ms = time.time_ns() // 1_000_000
+    assert len(set(made)) == len(made)
+    for text in made:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, text)
+        assert before_ms <= parsed.int >> 80 <= after_ms  # the first 48 bits: Unix milliseconds
+    # one process's ids sort as they were made, unless the 26-bit counter wrapped among them
+    counters = [((uuid.UUID(t).int >> 64) & 0xFFF) << 14 | ((uuid.UUID(t).int >> 48) & 0x3FFF) for t in made]
+    wrapped = sum(1 for a, b in zip(counters, counters[1:]) if b != (a + 1) % 2**26)
+    assert wrapped == 0
+    if counters[0] < counters[-1]:
+        assert made == sorted(made)
+    assert len({text[-12:] for text in made}) == 1  # the process's random bits
+
+
+def test_time_ordered_ids_stay_in_order_when_the_clock_steps_back(monkeypatch):
+    ids.uuid7.reset()
+    ids.uuid7.counter = itertools.count(0)  # no wrap among these
+    clock = iter([5_000_000_000_000, 4_000_000_000_000, 6_000_000_000_000])
+    monkeypatch.setattr(ids.time, "time_ns", lambda: next(clock))
+    first, stepped_back, later = ids.uuid7(), ids.uuid7(), ids.uuid7()
+    assert [uuid.UUID(t).int >> 80 for t in (first, stepped_back, later)] == [5_000_000, 5_000_000, 6_000_000]
+    assert first < stepped_back < later
+
+
+def test_a_forked_child_draws_its_own_random_bits():
+    parent = ids.uuid7()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, ids.uuid7().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert uuid.UUID(child).version == 7
+    assert child[-12:] != parent[-12:]
