@@ -190,8 +190,9 @@ class _Acker:
     @staticmethod
     def _uniform(buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
         """The packed ids and the timestamps of ``frames`` frames of one size that hold them at
-        the same places (a topic's messages, as the router writes them: one layout), each frame
-        one ``msgId`` key, as columns of a frames × size array; None when they are not such frames."""
+        the same places (a topic's messages, as the router writes them: one layout), no frame with
+        a ``msgId`` key before that place, as columns of a frames × size array; None when they are
+        not such frames."""
         stride = end // frames
         if frames < COLUMNS_MIN or stride * frames != end:
             return None
@@ -202,9 +203,14 @@ class _Acker:
         stamp = _MS_TIMESTAMP.search(first, key.end())  # as one-by-one, after the id
         if stamp is None:
             return None
-        if buffer.count(_MSG_ID, 0, end) != frames:
-            return None  # a frame with a second msgId key: one-by-one might take that one
         rows = np.frombuffer(buffer, np.uint8, end).reshape(frames, stride)
+        # A frame with a msgId key before the first frame's (one-by-one would take that one): only
+        # where a frame's bytes before that key hold the key's first two bytes is the whole read
+        # counted (the key cannot overlap itself, so an earlier one ends before it).
+        before = rows[:, 4:key.start()]
+        if ((before[:, :-1] == _MSG_ID[0]) & (before[:, 1:] == _MSG_ID[1])).any():
+            if buffer.count(_MSG_ID, 0, end) != frames:
+                return None
         # at the first frame's places in every frame: the header (its length), the ids' key and
         # str 8 header, and all from the id's end to the timestamp's value (so the first stamp
         # after the id, as one-by-one reads it, is there too)
