@@ -324,6 +324,33 @@ def _ack(fields: dict, limits: Limits) -> Ack:
     return Ack(_id(fields, "msgId", limits, required=True))
 
 
+_BATCH_ACK_HEAD = b"\x82" + msgpack.packb("type") + msgpack.packb("batchAck") + msgpack.packb("msgIds")
+
+
+def batch_ack_packed(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[int, int] | None:
+    """A ``batchAck`` written as ``{"type": "batchAck", "msgIds": [...]}``, these two keys in this
+    order: ``(how many ids, where the first one starts in data)``, the ids not read (the caller
+    compares their bytes with ids it wrote: ``QosWindow.acked_packed``). None for any other frame,
+    an empty array, or more ids than ``limits.max_batch_ack`` (:func:`decode` reads those)."""
+    if not data.startswith(_BATCH_ACK_HEAD):
+        return None
+    head = len(_BATCH_ACK_HEAD)
+    if len(data) <= head:
+        return None
+    marker = data[head]
+    if 0x91 <= marker <= 0x9F:  # fixarray of 1 to 15
+        count, start = marker & 0x0F, head + 1
+    elif marker == 0xDC and len(data) >= head + 3:  # array 16
+        count, start = int.from_bytes(data[head + 1:head + 3], "big"), head + 3
+    elif marker == 0xDD and len(data) >= head + 5:  # array 32
+        count, start = int.from_bytes(data[head + 1:head + 5], "big"), head + 5
+    else:
+        return None
+    if not 0 < count <= limits.max_batch_ack:
+        return None
+    return count, start
+
+
 def _batch_ack(fields: dict, limits: Limits) -> BatchAck:
     ids = fields.get("msgIds")
     if not isinstance(ids, list):

@@ -23,12 +23,22 @@ that never acks (the ``nolag`` SDK 2.6.0) is never sent a message twice.
   connection shows it acks.
 - QoS 2 ids written to the actor (on this connection, or restored from its session shard) are
   never written again; the last :data:`SEEN_CAP` are kept here.
+
+Two stores hold what waits for an ack, oldest first: ``unacked`` (id -> entry) and, after it,
+``runs``: each :class:`Run` a topic's QoS 1 messages fanned out together (one piece per recipient,
+``NolagSession._fan_out_joined``), shared by every recipient's window, which keeps only how many of
+its first ids it has had acked. An ack of a run's next ids in the order written (as a client acks
+what it reads) moves that count, with no work per id; anything else first moves the runs' entries
+into ``unacked`` (:meth:`QosWindow.materialize`) and goes on as before, as does anything that puts
+an entry in ``unacked`` (so every entry there stays older than every run's).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Sequence
+
+import msgpack
 
 SEEN_CAP = 10_000  # QoS 2 ids remembered per connection
 
@@ -45,6 +55,39 @@ class Unacked:
         self.frame, self.ts_ms, self.attempts, self.due, self.qos, self.topic = frame, ts_ms, attempts, due, qos, topic
 
 
+class Run:
+    """A topic's QoS 1 messages written together, in order, to several connections: their ids and
+    entries (each entry ``attempts`` 1, one ``due``), never changed once made and shared by the
+    windows of every recipient (:meth:`QosWindow.add_run`)."""
+
+    __slots__ = ("ids", "entries", "due", "_index", "_packed")
+
+    def __init__(self, ids: tuple[str, ...], entries: tuple[Unacked, ...], due: float) -> None:
+        self.ids, self.entries, self.due = ids, entries, due
+        self._index: dict[str, int] | None = None
+        self._packed: tuple[bytes, int] | None = None
+
+    def position(self, msg_id: str) -> int:
+        """Where ``msg_id`` is among the ids, -1 if it is not one of them."""
+        index = self._index
+        if index is None:
+            index = self._index = {msg_id: position for position, msg_id in enumerate(self.ids)}
+        return index.get(msg_id, -1)
+
+    def packed(self) -> tuple[bytes, int]:
+        """The ids as MessagePack strings, back to back (as a ``batchAck``'s array carries them),
+        and the size of each one; 0 if they are not all one size (then there is no such reading)."""
+        packed = self._packed
+        if packed is None:
+            pack = msgpack.Packer().pack
+            pieces = [pack(msg_id) for msg_id in self.ids]
+            width = len(pieces[0]) if pieces else 0
+            if any(len(piece) != width for piece in pieces):
+                width = 0
+            packed = self._packed = (b"".join(pieces), width)
+        return packed
+
+
 class QosWindow:
     def __init__(self, ack_timeout_s: float, ack_backoff: float, max_attempts: int, max_unacked: int) -> None:
         self.ack_timeout_s = ack_timeout_s
@@ -55,6 +98,10 @@ class QosWindow:
         # place; measured: half the cost of an OrderedDict per write and ack)
         self.unacked: dict[str, Unacked] = {}
         self.unwritten: dict[str, None] = {}  # the ones of them the socket has not taken yet, oldest first
+        # After them, oldest first: [run, how many of its first ids were acked here] (every run's
+        # frames were taken by the socket); ``in_runs``: how many of their ids wait for an ack.
+        self.runs: deque[list] = deque()
+        self.in_runs = 0
         # No entry is due before this (a lower bound): a tick before it has nothing to look at.
         self.next_due = float("inf")
         # Acknowledgements are opt-in: a client that never acks (the nolag SDK 2.6.0 does not) is not
@@ -81,7 +128,7 @@ class QosWindow:
         if qos >= 1 and msg_id is not None:
             if qos == 2 and (msg_id in self.seen_qos2 or msg_id in self.recording):
                 return False  # exactly once: this actor has had it (on this connection or an earlier one)
-            if msg_id in self.unacked:
+            if msg_id in self.unacked or (self.runs and self.in_a_run(msg_id)):
                 return False  # already out and waiting for its ack
         return True
 
@@ -116,6 +163,8 @@ class QosWindow:
         write if the socket ``taken`` it, else 0) may be shared with other windows."""
         if taken and entry.ts_ms > self.positions.get(entry.topic, 0):
             self.positions[entry.topic] = entry.ts_ms
+        if self.runs:
+            self.materialize()  # what enters ``unacked`` is newer than every run
         unacked = self.unacked
         if len(unacked) >= self.max_unacked:
             dropped_id = next(iter(unacked))
@@ -142,6 +191,12 @@ class QosWindow:
         first = not self.acks_seen
         if first:
             self._acks_start()
+        if self.runs:
+            taken = self._acked_in_order(msg_ids)
+            if taken == len(msg_ids):
+                return first
+            msg_ids = msg_ids[taken:]
+            self.materialize()
         unacked, unwritten = self.unacked, self.unwritten
         pop = unacked.pop
         for msg_id in msg_ids:
@@ -151,11 +206,106 @@ class QosWindow:
                 unwritten.pop(msg_id, None)
         return first
 
+    def _acked_in_order(self, msg_ids: tuple[str, ...]) -> int:
+        """How many of the first ``msg_ids`` are the runs' next ids in order: those are acked (an
+        id is never both in a run and in ``unacked``)."""
+        runs, done, count = self.runs, 0, len(msg_ids)
+        while done < count and runs:
+            state = runs[0]
+            run, start = state
+            ids = run.ids
+            take = min(count - done, len(ids) - start)
+            if ids[start:start + take] != msg_ids[done:done + take]:
+                break
+            done += take
+            self.in_runs -= take
+            if start + take == len(ids):
+                runs.popleft()
+            else:
+                state[1] = start + take
+        return done
+
+    def acked_packed(self, data: bytes, count: int, start: int) -> bool:
+        """A ``batchAck`` of ``count`` ids, MessagePack strings back to back in ``data[start:]``
+        (to its end): True if they are the runs' next ``count`` ids in order, written as this
+        router packs them — then they are acked; False (nothing done) otherwise. Only for a
+        connection that has acked before."""
+        if not self.acks_seen or not self.runs or count > self.in_runs:
+            return False
+        end = len(data)
+        position, states = start, []
+        left = count
+        for state in self.runs:
+            if not left:
+                break
+            run, first = state
+            packed, width = run.packed()
+            if not width:
+                return False
+            take = min(left, len(run.ids) - first)
+            size = take * width
+            if position + size > end or data[position:position + size] != packed[first * width:(first + take) * width]:
+                return False
+            states.append((state, first + take))
+            position += size
+            left -= take
+        if left or position != end:
+            return False
+        runs = self.runs
+        for state, acked_to in states:
+            if acked_to == len(state[0].ids):
+                runs.popleft()
+            else:
+                state[1] = acked_to
+        self.in_runs -= count
+        return True
+
+    def add_run(self, run: Run) -> None:
+        """``run``'s frames were written to this connection, after everything before."""
+        self.runs.append([run, 0])
+        self.in_runs += len(run.ids)
+        if run.due < self.next_due:
+            self.next_due = run.due
+
+    def in_a_run(self, msg_id: str) -> bool:
+        """Whether ``msg_id`` is in a run and not acked here."""
+        for run, start in self.runs:
+            position = run.position(msg_id)
+            if position >= start:
+                return True
+        return False
+
+    def holds(self, msg_id: str) -> bool:
+        """Whether ``msg_id`` waits for its ack here."""
+        return msg_id in self.unacked or (bool(self.runs) and self.in_a_run(msg_id))
+
+    def size(self) -> int:
+        """How many messages wait for their ack here."""
+        return len(self.unacked) + self.in_runs
+
+    def materialize(self) -> None:
+        """The runs' entries not acked into ``unacked``, in order, after what it holds."""
+        unacked = self.unacked
+        for run, start in self.runs:
+            unacked.update(zip(run.ids[start:], run.entries[start:]))
+        self.runs.clear()
+        self.in_runs = 0
+
+    def outstanding(self) -> dict[str, Unacked]:
+        """Every message waiting for its ack here, oldest first (a copy)."""
+        waiting = dict(self.unacked)
+        for run, start in self.runs:
+            waiting.update(zip(run.ids[start:], run.entries[start:]))
+        return waiting
+
     def resend_due(self, now: float, send: Callable[[bytes], bool]) -> int:
         """Write again, oldest first, what is due at ``now`` with ``send`` (True: the socket took
         it); QoS 1 ones past ``max_attempts`` leave the window, pinned. Returns how many were written."""
         if now < self.next_due:
             return 0  # nothing is due yet
+        runs = self.runs
+        if runs and self.acks_seen and runs[0][0].due <= now:
+            self.materialize()  # a run is due: its entries go one by one from here
         if self.acks_seen:
             waiting = list(self.unacked.items())
         elif self.unwritten:  # a client that does not ack: only first writes
@@ -192,6 +342,8 @@ class QosWindow:
             unacked[msg_id] = Unacked(entry.frame, entry.ts_ms, attempts, due, entry.qos, entry.topic)
             if due < next_due:
                 next_due = due
+        if runs and self.acks_seen and runs[0][0].due < next_due:  # not due yet (oldest first: the first is the soonest)
+            next_due = runs[0][0].due
         self.next_due = next_due
         return written
 
@@ -225,7 +377,10 @@ class QosWindow:
         for topic, (floor, _) in self.carried.items():
             lower(topic, floor)
         current = floors.get  # inlined (a window may hold max_unacked entries, read each checkpoint)
-        for entry in self.unacked.values():
+        entries: Iterable[Unacked] = self.unacked.values()
+        if self.runs:
+            entries = [*entries, *(entry for run, start in self.runs for entry in run.entries[start:])]
+        for entry in entries:
             if entry.qos == 1 or not entry.attempts:  # a QoS 2 one written is never replayed
                 floor = entry.ts_ms - 1
                 if floor < current(entry.topic, floor):  # a topic without a position stays out

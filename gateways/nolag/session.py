@@ -42,7 +42,7 @@ from gateways.dialect import Dialect, DialectSession, Wire
 from gateways.nolag import codec
 from gateways.nolag.codec import NolagError
 from gateways.nolag.config import NolagConfig
-from gateways.nolag.qos import QosWindow, Unacked
+from gateways.nolag.qos import QosWindow, Run, Unacked
 from gateways.server import frame_header, joined_frames
 from gateways.shardclient import ShardLink
 from router import contract
@@ -150,7 +150,7 @@ class NolagDialect(Dialect):
 
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "authenticated": sum(1 for s in self.sessions if s.key),
-                "unacked": sum(len(s.qos.unacked) for s in self.sessions), "redelivered": self.redelivered,
+                "unacked": sum(s.qos.size() for s in self.sessions), "redelivered": self.redelivered,
                 "hydrations": self.hydrations}
 
     async def _watch_revocations(self) -> None:
@@ -372,6 +372,13 @@ class NolagSession(DialectSession):
                 head = codec.envelope(data, self.dialect.limits)
                 raise codec.nolag_error("message_too_large", f"message of {size} bytes exceeds "
                                         f"{self.config.max_message_bytes}", head.topic, head.msg_ref)
+            if self.qos.runs and self.key is not None:
+                # A batchAck of the next ids this connection was written, in order, as this router
+                # packs them: acked by comparing bytes, none of them read (else decoded below).
+                found = codec.batch_ack_packed(data, self.dialect.limits)
+                if found is not None and self.qos.acked_packed(data, *found):
+                    gateway.accepted(contract.retag(meta, "BatchAck", None), None, size, self.wire.id)
+                    return
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))
@@ -409,10 +416,9 @@ class NolagSession(DialectSession):
         nothing outstanding counts like any other frame."""
         kind = type(request)
         if kind is codec.Ack:
-            return request.msg_id in self.qos.unacked
+            return self.qos.holds(request.msg_id)
         if kind is codec.BatchAck:
-            unacked = self.qos.unacked
-            return any(msg_id in unacked for msg_id in request.msg_ids)
+            return any(map(self.qos.holds, request.msg_ids))
         return False
 
     def _handle(self, request: Any, meta: tuple) -> None:
@@ -866,13 +872,17 @@ class NolagSession(DialectSession):
                 ids.append(payload[2])
             elif payload[3] != 0 and payload[2] is not None:
                 return False
-        if len(set(connection_ids)) != len(connection_ids) or (acked and len(set(ids)) != count):
-            return False  # a recipient twice gets each message twice in a row; a repeated id is written once
+        if len(set(connection_ids)) != len(connection_ids):
+            return False  # a recipient twice gets each message twice in a row
+        id_set = set(ids)
+        if acked and len(id_set) != count:
+            return False  # a repeated id is written once
         dialect = self.dialect
         live, gated = dialect.live_subs.get(topic), dialect.gated_ids
         if live is None:
             return False
         subs = []
+        clear: dict[Run, bool] = {}  # a run a window holds -> none of its ids is among these
         for connection_id in connection_ids:
             sub = live.get(connection_id)
             if sub is None or (gated and connection_id in gated) or not sub.wire.takes_frames():
@@ -880,9 +890,15 @@ class NolagSession(DialectSession):
             if acked:
                 window = sub.session.qos
                 unacked = window.unacked
-                if (sub.qos == 0 or len(unacked) + count > window.max_unacked
-                        or not unacked.keys().isdisjoint(ids)):
+                if (sub.qos == 0 or len(unacked) + window.in_runs + count > window.max_unacked
+                        or (unacked and not unacked.keys().isdisjoint(id_set))):
                     return False
+                for held, _ in window.runs:
+                    fine = clear.get(held)
+                    if fine is None:
+                        fine = clear[held] = id_set.isdisjoint(held.ids)
+                    if not fine:
+                        return False
             subs.append(sub)
         frames = [codec.message_packed(topic, packed, msg_id, acked, False, filter_, None, ts_ms)
                   for _, packed, msg_id, _, filter_, ts_ms, _, _ in payloads]
@@ -890,18 +906,15 @@ class NolagSession(DialectSession):
         last_ms = max(payload[5] for payload in payloads)
         if acked:
             due = time.monotonic() + self.qos.ack_timeout_s  # one clock read for the run (each message read its own)
-            # One entry per message, shared by every window (as the live loop shares it).
-            entries = {payload[2]: Unacked(frame, payload[5], 1, due, 1, topic)
-                       for payload, frame in zip(payloads, frames)}
+            # One run, shared by every window (as the live loop shares an entry).
+            run = Run(tuple(ids), tuple(Unacked(frame, payload[5], 1, due, 1, topic)
+                                        for payload, frame in zip(payloads, frames)), due)
         for sub in subs:
             sub.wire.cork_frames(joined)
             if last_ms > sub.position:
                 sub.position = last_ms
             if acked:
-                window = sub.session.qos
-                window.unacked.update(entries)
-                if due < window.next_due:
-                    window.next_due = due
+                sub.session.qos.add_run(run)
         gateway.account_written([(contract.DELIVER_BINARY, frame, connection_ids, payload[-1])
                                  for payload, frame in zip(payloads, frames) if payload[-1] is not None])
         return True
@@ -934,7 +947,7 @@ class NolagSession(DialectSession):
                 continue
             window = sub.session.qos
             unacked = window.unacked
-            if msg_id in unacked:  # QosWindow.deliverable
+            if msg_id in unacked or (window.runs and window.in_a_run(msg_id)):  # QosWindow.deliverable
                 if out is None:
                     out = []
                 out.append(connection_id)
@@ -942,7 +955,7 @@ class NolagSession(DialectSession):
             if sub.wire.send_frame(wire_frame, 2, frame):  # 2: a binary frame
                 if ts_ms > sub.position:  # the topic's position (see positions_now)
                     sub.position = ts_ms
-                if len(unacked) < window.max_unacked:  # QosWindow.track, inlined: the hot path
+                if not window.runs and len(unacked) < window.max_unacked:  # QosWindow.track, inlined
                     unacked[msg_id] = entry
                     if due < window.next_due:
                         window.next_due = due

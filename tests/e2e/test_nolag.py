@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import msgpack
 import pytest
@@ -22,6 +23,7 @@ from router.shardmap import TOPIC as TOPIC_SHARD, shard_name
 from tests.e2e.client import eventually, run
 from tests.e2e.conftest import RunningRouter, start_router
 from tests.e2e.nolag_client import Client, NolagRouter
+from tests.e2e.rawws import Opcode, client_frame, open_raw_websocket, read_server_frame
 
 pytestmark = pytest.mark.e2e
 
@@ -369,6 +371,73 @@ def test_qos1_redelivered_until_acked(nolag):
             await client.close()
 
     run(scenario())
+
+
+def test_a_burst_acked_in_order_is_not_sent_again_and_only_the_message_left_out_is(nolag):
+    """A burst of QoS 1 messages reaches two subscribers of one gateway as a run (each window keeps
+    it as one shared piece, and a batchAck of its next ids in order is read as bytes). One acks in
+    order, then all but one: exactly that one comes again, and nothing after its ack; the other
+    acks everything at once and gets nothing again."""
+    topic = "chat/qos/burst"
+    count = 40
+
+    async def scenario():
+        sub = await Client.open(nolag.urls[0], nolag.token())
+        other = await Client.open(nolag.urls[0], nolag.token())
+        pub = await Client.open(nolag.urls[1], nolag.token(rate_limit_per_s=10_000))
+        for client in (sub, other):
+            await client.subscribe(topic, qos=1)
+        await pub.subscribe(topic, qos=0)
+        await opt_in_to_acks(sub, pub, topic)
+        first = await other.recv()
+        await other.send({"type": "ack", "msgId": first["msgId"]})
+        burst = await _publish_burst(nolag.urls[1], nolag.token(rate_limit_per_s=10_000), topic, list(range(count)))
+        got = [await sub.recv() for _ in range(count)]
+        assert [m["data"] for m in got] == list(range(count))
+        assert [await other.recv() for _ in range(count)] == got
+        ids = [m["msgId"] for m in got]
+        await other.send({"type": "batchAck", "msgIds": ids})
+        await sub.send({"type": "batchAck", "msgIds": ids[:25]})
+        await sub.send({"type": "batchAck", "msgIds": ids[25:30] + ids[31:]})
+        again = await sub.recv(timeout=5)  # after ack_timeout_s, the oldest unacked first
+        assert again == got[30]
+        await sub.send({"type": "ack", "msgId": ids[30]})
+        await pub.publish(topic, "last", qos=1, echo=False)
+        for client in (sub, other):
+            last = await client.recv()
+            assert last["data"] == "last"
+            # not acked: the next frame is it again, and no earlier message comes before it
+            assert await client.recv(timeout=5) == last
+            await client.send({"type": "ack", "msgId": last["msgId"]})
+        burst.close()
+        for client in (sub, other, pub):
+            await client.close()
+
+    run(scenario())
+
+
+async def _publish_burst(url: str, token: str, topic: str, values: list) -> asyncio.StreamWriter:
+    """QoS 1 publishes of ``values`` in one write on a raw socket (a client library writes each
+    frame apart): the gateway reads them at once and the topic shard takes them as one batch."""
+    address = urlsplit(url)
+    reader, writer = await open_raw_websocket(address.port, address.path)
+
+    def frame(message: dict) -> bytes:
+        return client_frame(Opcode.BINARY, msgpack.packb(message))
+
+    async def reply() -> dict:
+        while not (body := (await read_server_frame(reader))[1]):
+            pass  # a heartbeat
+        return msgpack.unpackb(body)
+
+    writer.write(frame({"type": "auth", "token": token}))
+    assert (await reply())["success"] is True
+    writer.write(frame({"type": "subscribe", "topic": topic, "qos": 0}))
+    assert (await reply())["type"] == "subscribed"
+    writer.write(b"".join(frame({"type": "publish", "topic": topic, "data": value, "qos": 1, "echo": False})
+                          for value in values))
+    await writer.drain()
+    return writer
 
 
 def test_acks_of_outstanding_messages_are_not_rate_limited_but_other_frames_are(nolag):

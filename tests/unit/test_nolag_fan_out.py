@@ -7,6 +7,7 @@ keep what they were given; the sessions and their windows are the real ones.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from typing import Any
 
 import msgpack
@@ -51,6 +52,18 @@ class Gateway:
 
     def account_delivery(self, meta: tuple, nbytes: int, connection_id: int, sent: bool) -> None:
         (self.written if sent else self.failed).append(connection_id)
+
+    # what a frame from a client is accounted as: (kind, size, connection id[, reason])
+    received: list[tuple]
+
+    def event_meta(self, dialect: str, kind: str | None = None, topic: str | None = None) -> tuple:
+        return ("gw", 1, 0, dialect, kind, topic)
+
+    def accepted(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int) -> None:
+        self.__dict__.setdefault("received", []).append((meta[4], nbytes, connection_id))
+
+    def rejected(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int, reason: str) -> None:
+        self.__dict__.setdefault("received", []).append((meta[4], nbytes, connection_id, reason))
 
 
 class Wire:
@@ -502,12 +515,14 @@ def test_a_run_of_messages_to_live_recipients_is_one_piece_each_with_every_entry
         assert session.wire.joined == 1  # the three frames in one piece
         assert session.wire.frames == [{"type": "message", "topic": TOPIC, "data": {"n": 10 + n}, "msgId": f"m{n}",
                                         "requiresAck": True, "timestamp": 10 + n} for n in range(3)]
-        assert list(session.qos.unacked) == ["m0", "m1", "m2"]
+        assert list(session.qos.outstanding()) == ["m0", "m1", "m2"] and session.qos.size() == 3
+        assert session.qos.unacked == {}  # one run, shared by the windows
+        assert [(held, acked) for held, acked in session.qos.runs] == [(sessions[0].qos.runs[0][0], 0)]
         assert session.positions_now() == {TOPIC: 12}
-        assert session.qos.next_due == session.qos.unacked["m0"].due
+        assert session.qos.next_due == session.qos.outstanding()["m0"].due
     for msg_id in ("m0", "m1", "m2"):  # one entry per message, shared by every window
-        entry = sessions[0].qos.unacked[msg_id]
-        assert all(session.qos.unacked[msg_id] is entry for session in sessions)
+        entry = sessions[0].qos.outstanding()[msg_id]
+        assert all(session.qos.outstanding()[msg_id] is entry for session in sessions)
         assert (entry.attempts, entry.qos, entry.topic) == (1, 1, TOPIC)
     assert [ids_ for _, ids_ in gateway.fanouts] == [list(ids)] * 3  # one group per message
 
@@ -554,7 +569,7 @@ def _world(specs: list[str], max_unacked: int, out: list[str]) -> tuple[Gateway,
 def _seen(gateway: Gateway, sessions: list[NolagSession]) -> tuple:
     """What a fan-out leaves, without the connection ids (each world numbers its own) or the due times."""
     number = {session.wire.id: n for n, session in enumerate(sessions)}
-    windows = [([(k, e.frame, e.ts_ms, e.attempts, e.qos, e.topic) for k, e in s.qos.unacked.items()],
+    windows = [([(k, e.frame, e.ts_ms, e.attempts, e.qos, e.topic) for k, e in s.qos.outstanding().items()],
                 list(s.qos.unwritten), dict(s.qos.pinned)) for s in sessions]
     return ([s.wire.frames for s in sessions], windows, [s.positions_now() for s in sessions],
             [len(s.gated) for s in sessions], [len(s.replaying or ()) for s in sessions],
@@ -617,3 +632,59 @@ def _same_as_one_at_a_time(specs: list[str], run: list[tuple], max_unacked: int,
     elif clean:  # nothing stood in the way: one piece each
         assert all(session.wire.joined == 1 for session in at_once[1])
 
+
+
+# -- runs in the windows: acked as bytes, in order ------------------------------------------------
+
+UUIDS = [f"0192d6c4-0000-7000-8000-{n:012x}" for n in range(6)]
+
+
+def _acking(gateway: Gateway, dialect: NolagDialect) -> NolagSession:
+    session = connect(gateway, dialect, 1)
+    session.key = object()  # authenticated
+    session._ask_session = lambda command, on_result: None  # its checkpoints reach no shard
+    session.qos.acks_seen = True  # it has acked before
+    return session
+
+
+def test_a_batch_ack_of_a_runs_next_ids_in_order_is_read_as_bytes_and_anything_else_decoded():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(ack_timeout_s=5))
+    first, second = _acking(gateway, dialect), _acking(gateway, dialect)
+    ids = (first.wire.id, second.wire.id)
+    first.fan_out_run([message(msg_id, 1, 10 + n) for n, msg_id in enumerate(UUIDS[:3])], ids, gateway)
+    run = first.qos.runs[0][0]
+    assert [held for held, _ in second.qos.runs] == [run] and second.qos.unacked == {}
+
+    ack = msgpack.packb({"type": "batchAck", "msgIds": UUIDS[:2]})
+    first._receive(ack)
+    assert [(held, acked) for held, acked in first.qos.runs] == [(run, 2)]  # the run kept: read as bytes
+    assert [(held, acked) for held, acked in second.qos.runs] == [(run, 0)]  # one window's count each
+    assert gateway.received == [("BatchAck", len(ack), first.wire.id)]
+
+    first._receive(msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[2], UUIDS[2]]}))  # 2 > 1 out: decoded
+    assert first.qos.runs == deque() and first.qos.size() == 0
+    second._receive(msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[1]]}))  # out of order: decoded
+    assert second.qos.runs == deque() and list(second.qos.unacked) == [UUIDS[0], UUIDS[2]]
+
+    first.fan_out_run([message(msg_id, 1, 20 + n) for n, msg_id in enumerate(UUIDS[3:])], ids, gateway)
+    bad = msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[3], 7]})  # the shape read as bytes, an int in it
+    first._receive(bad)
+    assert first.wire.frames[-1]["type"] == "error" and first.wire.frames[-1]["error"] == "invalid_message"
+    assert gateway.received[-1] == (None, len(bad), first.wire.id, "invalid_message")  # refused undecoded
+    assert list(first.qos.outstanding()) == UUIDS[3:]  # nothing acked
+
+
+def test_a_run_with_an_id_a_window_holds_in_an_earlier_run_goes_message_by_message():
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(ack_timeout_s=5))
+    sessions = [_acking(gateway, dialect) for _ in range(2)]
+    ids = tuple(session.wire.id for session in sessions)
+    sessions[0].fan_out_run([message(msg_id, 1, 10 + n) for n, msg_id in enumerate(UUIDS[:2])], ids, gateway)
+    sessions[0].fan_out_run([message(msg_id, 1, 12 + n) for n, msg_id in enumerate(UUIDS[1:4])], ids, gateway)
+    for session in sessions:
+        assert session.wire.joined == 1  # the second run went message by message
+        assert [frame["msgId"] for frame in session.wire.frames] == UUIDS[:4]  # UUIDS[1] once: out already
+        assert list(session.qos.outstanding()) == UUIDS[:4] and not session.qos.runs  # moved on the first track
+    sessions[0].fan_out(message(UUIDS[4], 1, 20), ids, gateway)  # the live loop after: newest last
+    assert all(list(session.qos.unacked) == UUIDS[:5] for session in sessions)
