@@ -191,13 +191,23 @@ class QosWindow:
         first = not self.acks_seen
         if first:
             self._acks_start()
+        unacked, unwritten = self.unacked, self.unwritten
         if self.runs:
+            if unacked:  # the ack's first ids may be older ones, one by one; then the runs' in order
+                lead = 0
+                for msg_id in msg_ids:
+                    if msg_id not in unacked:
+                        break
+                    lead += 1
+                for msg_id in msg_ids[:lead]:
+                    del unacked[msg_id]
+                    unwritten.pop(msg_id, None)
+                msg_ids = msg_ids[lead:]
             taken = self._acked_in_order(msg_ids)
             if taken == len(msg_ids):
                 return first
             msg_ids = msg_ids[taken:]
             self.materialize()
-        unacked, unwritten = self.unacked, self.unwritten
         pop = unacked.pop
         for msg_id in msg_ids:
             pop(msg_id, None)

@@ -75,6 +75,16 @@ def test_what_enters_unacked_after_a_run_is_newer_than_it():
     assert not qos.runs and list(qos.unacked) == [*IDS[:2], "single"]
 
 
+def test_an_ack_of_older_entries_then_of_a_runs_next_ids_keeps_the_run():
+    qos = window()
+    qos.track("old", Unacked(b"frame:old", 1, 1, 4.0, 1, T))
+    qos.add_run(run_of(IDS[:3], 10))
+    qos.acked("old", *IDS[:2])
+    assert qos.unacked == {} and [acked for _, acked in qos.runs] == [2] and qos.size() == 1
+    qos.track("newer", Unacked(b"frame:newer", 20, 1, 4.0, 1, T))  # moves the run's last id first
+    assert list(qos.unacked) == [IDS[2], "newer"] and not qos.runs
+
+
 def test_a_run_not_due_is_kept_and_sets_the_next_due_time_and_a_due_one_is_resent_in_order():
     qos = window()
     qos.track("old", Unacked(b"frame:old", 1, 1, 4.0, 1, T))
@@ -159,7 +169,7 @@ def test_batch_ack_packed_reads_only_the_plain_shape_within_the_limit():
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("run"), st.integers(1, 4)),
-    st.tuples(st.just("single"), st.just(0)),
+    st.tuples(st.just("single"), st.booleans()),  # whether the socket took its frame
     st.tuples(st.just("prefix"), st.integers(0, 6)),
     st.tuples(st.just("packed"), st.integers(0, 6)),
     st.tuples(st.just("corrupt"), st.integers(1, 4)),
@@ -200,8 +210,9 @@ def test_a_window_with_runs_does_what_one_given_each_entry_does(ops: list, max_u
         elif op == "single":
             (msg_id,) = new_ids(1)
             ts += 1
+            entry = Unacked(f"frame:{msg_id}".encode(), ts, 1 if arg else 0, now + 5.0, 1, T)
             for qos in (runs, flat):
-                qos.track(msg_id, Unacked(f"frame:{msg_id}".encode(), ts, 1, now + 5.0, 1, T))
+                qos.track(msg_id, entry, arg)
         elif op in ("prefix", "packed", "corrupt"):
             waiting = list(flat.unacked)
             ids = waiting[:arg] if op != "corrupt" else [*waiting[1:arg + 1], *waiting[:1]]
@@ -231,6 +242,7 @@ def test_a_window_with_runs_does_what_one_given_each_entry_does(ops: list, max_u
             [(k, e.frame, e.ts_ms, e.attempts, e.due) for k, e in flat.unacked.items()]
         assert runs.size() == len(flat.unacked) and runs.acks_seen == flat.acks_seen
         assert runs.floors() == flat.floors() and runs.pinned == flat.pinned
+        assert list(runs.unwritten) == list(flat.unwritten)
         assert all(runs.holds(i) == (i in flat.unacked) for i in made)
         if runs.acks_seen:  # a lower bound of what may be resent (nothing, for one that never acked)
             assert runs.next_due <= min((e.due for e in seen.values()), default=float("inf"))
