@@ -329,7 +329,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             return super().__call__(payload)
 
         def _uniform(self, buffer, end, frames):
-            found = _Acker._uniform(buffer, end, frames)
+            found = super()._uniform(buffer, end, frames)
             self.dialect.columns += found is not None
             return found
 
@@ -412,3 +412,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
         mixed = [b"".join(many[:10] + [frame_header(0x2, len(odd)) + odd] + many[11:80])]
         assert receive(mixed, chunked=True) == receive(mixed, chunked=False)
         assert columns[-2:] == [0, 0] and one_by_one[-2:] == ([80, 80] if odd is decoy else [0, 80])
+        # the same after a read that set the layout: the later read is not taken by it
+        after = [b"".join(many[:60]), b"".join(many[60:70] + [frame_header(0x2, len(odd)) + odd] + many[71:120])]
+        assert receive(after, chunked=True) == receive(after, chunked=False)
+        assert columns[-2:] == [1, 0] and one_by_one[-2:] == ([60, 120] if odd is decoy else [0, 120])

@@ -118,13 +118,15 @@ class _Acker:
     that order, and a redelivery is the same frame. (A set of every id seen, kept before, grew by
     a message per delivery for the whole run: 37 % of a receiver's time, and more as it grew.)"""
 
-    __slots__ = ("client", "dialect", "every", "pending", "top", "timer")
+    __slots__ = ("client", "dialect", "every", "pending", "top", "timer", "layout")
 
     def __init__(self, client: WsClient, dialect: "NolagClientDialect", every: int) -> None:
         self.client, self.dialect, self.every = client, dialect, every
         self.pending: list[bytes] = []
         self.top = -1  # the highest timestamp the connection got
         self.timer: asyncio.TimerHandle | None = None
+        # the last read's frames' layout as _uniform found it (see there), None before
+        self.layout: tuple | None = None
 
     def __call__(self, payload: bytes) -> int:
         index = payload.find(_MSG_ID)
@@ -187,39 +189,55 @@ class _Acker:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
         return self._fresh(stamps)
 
-    @staticmethod
-    def _uniform(buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
+    def _uniform(self, buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
         """The packed ids and the timestamps of ``frames`` frames of one size that hold them at
         the same places (a topic's messages, as the router writes them: one layout), no frame with
         a ``msgId`` key before that place, as columns of a frames × size array; None when they are
-        not such frames."""
+        not such frames. The layout found in the first frame of a read is kept: a later read of
+        frames of its size is checked against it in one step (every frame, the first too, holds
+        its bytes at its places) instead of being searched again."""
         stride = end // frames
         if frames < COLUMNS_MIN or stride * frames != end:
             return None
-        first = bytes(buffer[:stride])
+        rows = np.frombuffer(buffer, np.uint8, end).reshape(frames, stride)
+        layout = self.layout
+        if layout is None or layout[0] != stride or not (rows[:, layout[1]] == layout[2]).all():
+            layout = self._layout(rows, stride)
+            if layout is None:
+                return None
+        _, _, _, key_start, ids, stamps = layout
+        # A frame with a msgId key before the layout's (one-by-one would take that one): only
+        # where a frame's bytes before that key hold the key's first two bytes is the whole read
+        # counted (the key cannot overlap itself, so an earlier one ends before it).
+        before = rows[:, 4:key_start]
+        if ((before[:, :-1] == _MSG_ID[0]) & (before[:, 1:] == _MSG_ID[1])).any():
+            if buffer.count(_MSG_ID, 0, end) != frames:
+                return None
+        taken = np.ascontiguousarray(rows[:, ids]).view(f"S{ids.stop - ids.start}")
+        stamped = np.ascontiguousarray(rows[:, stamps]).view(">u8")
+        return taken.ravel().tolist(), stamped.ravel().astype(np.int64)
+
+    def _layout(self, rows: np.ndarray, stride: int) -> tuple | None:
+        """The places of the first frame's id and stamp (as one-by-one finds them), and the
+        places every frame must hold its bytes at: the header (its length), the ids' key and str 8
+        header, and all from the id's end to the timestamp's value (so the first stamp after the
+        id, as one-by-one reads it, is there too). Kept as the layout if every frame does; None
+        otherwise."""
+        first = rows[0].tobytes()
         key = _UUID_MSG_ID.search(first)
         if key is None or first.find(_MSG_ID) != key.start():
             return None  # one-by-one takes the first msgId key's value
         stamp = _MS_TIMESTAMP.search(first, key.end())  # as one-by-one, after the id
         if stamp is None:
             return None
-        rows = np.frombuffer(buffer, np.uint8, end).reshape(frames, stride)
-        # A frame with a msgId key before the first frame's (one-by-one would take that one): only
-        # where a frame's bytes before that key hold the key's first two bytes is the whole read
-        # counted (the key cannot overlap itself, so an earlier one ends before it).
-        before = rows[:, 4:key.start()]
-        if ((before[:, :-1] == _MSG_ID[0]) & (before[:, 1:] == _MSG_ID[1])).any():
-            if buffer.count(_MSG_ID, 0, end) != frames:
-                return None
-        # at the first frame's places in every frame: the header (its length), the ids' key and
-        # str 8 header, and all from the id's end to the timestamp's value (so the first stamp
-        # after the id, as one-by-one reads it, is there too)
-        for low, high in ((0, 4), (key.start(), key.start(1) + 2), (key.end(1), stamp.start(1))):
-            if not (rows[1:, low:high] == rows[0, low:high]).all():
-                return None
-        ids = np.ascontiguousarray(rows[:, key.start(1):key.end(1)]).view(f"S{key.end(1) - key.start(1)}")
-        stamps = np.ascontiguousarray(rows[:, stamp.start(1):stamp.end(1)]).view(">u8")
-        return ids.ravel().tolist(), stamps.ravel().astype(np.int64)
+        places = np.r_[0:4, key.start():key.start(1) + 2, key.end(1):stamp.start(1)]
+        expected = rows[0, places].copy()
+        if not (rows[1:, places] == expected).all():
+            return None
+        layout = (stride, places, expected, key.start(), slice(key.start(1), key.end(1)),
+                  slice(stamp.start(1), stamp.end(1)))
+        self.layout = layout
+        return layout
 
     def _fresh(self, stamps: np.ndarray) -> int:
         """How many of ``stamps`` (in the order received) are above every one before them."""
