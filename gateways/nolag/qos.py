@@ -41,6 +41,9 @@ from typing import Any, Callable, Iterable, Sequence
 import msgpack
 
 SEEN_CAP = 10_000  # QoS 2 ids remembered per connection
+# Runs a window holds at most: one more first moves theirs into ``unacked`` (a lookup of an id
+# walks the runs, so this bounds it; a fan-out's runs are its shard replies, a few at a time).
+RUNS_MAX = 32
 
 
 class Unacked:
@@ -272,6 +275,8 @@ class QosWindow:
 
     def add_run(self, run: Run) -> None:
         """``run``'s frames were written to this connection, after everything before."""
+        if len(self.runs) >= RUNS_MAX:
+            self.materialize()
         self.runs.append([run, 0])
         self.in_runs += len(run.ids)
         if run.due < self.next_due:

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateways.nolag import codec
-from gateways.nolag.qos import QosWindow, Run, Unacked
+from gateways.nolag import qos as qos_module
+from gateways.nolag.qos import RUNS_MAX, QosWindow, Run, Unacked
 
 T = "chat/general/messages"
 HEAD = b"\x82" + msgpack.packb("type") + msgpack.packb("batchAck") + msgpack.packb("msgIds")
@@ -83,6 +84,15 @@ def test_an_ack_of_older_entries_then_of_a_runs_next_ids_keeps_the_run():
     assert qos.unacked == {} and [acked for _, acked in qos.runs] == [2] and qos.size() == 1
     qos.track("newer", Unacked(b"frame:newer", 20, 1, 4.0, 1, T))  # moves the run's last id first
     assert list(qos.unacked) == [IDS[2], "newer"] and not qos.runs
+
+
+def test_a_window_holds_at_most_runs_max_runs_and_moves_them_to_unacked_before_one_more():
+    qos = window(max_unacked=10_000)
+    ids = [f"0192d6c4-0000-7000-8000-{n:012x}" for n in range(2 * (RUNS_MAX + 1))]
+    for n in range(RUNS_MAX + 1):
+        qos.add_run(run_of(ids[2 * n:2 * n + 2], 10 + 2 * n))
+    assert len(qos.runs) == 1 and list(qos.unacked) == ids[:2 * RUNS_MAX]
+    assert list(qos.outstanding()) == ids and qos.size() == len(ids)
 
 
 def test_a_run_not_due_is_kept_and_sets_the_next_due_time_and_a_due_one_is_resent_in_order():
@@ -179,11 +189,20 @@ OPS = st.lists(st.one_of(
 
 
 @settings(max_examples=400, deadline=None)
-@given(OPS, st.sampled_from([4, 8, 1000]), st.booleans())
-def test_a_window_with_runs_does_what_one_given_each_entry_does(ops: list, max_unacked: int, acks: bool):
-    """Two windows take the same messages, one as runs (when it has room, as the fan-out asks),
-    the other entry by entry; the same acks, ticks and checks: the same entries wait, in the same
-    order, the same frames are resent, the same floors."""
+@given(OPS, st.sampled_from([4, 8, 1000]), st.booleans(), st.sampled_from([2, 32]))
+def test_a_window_with_runs_does_what_one_given_each_entry_does(ops: list, max_unacked: int, acks: bool,
+                                                                runs_max: int):
+    """Two windows take the same messages, one as runs (when it has room, as the fan-out asks;
+    at most ``runs_max`` of them), the other entry by entry; the same acks, ticks and checks: the
+    same entries wait, in the same order, the same frames are resent, the same floors."""
+    qos_module.RUNS_MAX = runs_max
+    try:
+        _runs_against_entries(ops, max_unacked, acks)
+    finally:
+        qos_module.RUNS_MAX = RUNS_MAX
+
+
+def _runs_against_entries(ops: list, max_unacked: int, acks: bool) -> None:
     runs, flat = window(max_unacked, acks), window(max_unacked, acks)
     numbers, now, ts = itertools.count(), 0.0, 0
     made: list[str] = []
@@ -244,5 +263,6 @@ def test_a_window_with_runs_does_what_one_given_each_entry_does(ops: list, max_u
         assert runs.floors() == flat.floors() and runs.pinned == flat.pinned
         assert list(runs.unwritten) == list(flat.unwritten)
         assert all(runs.holds(i) == (i in flat.unacked) for i in made)
+        assert len(runs.runs) <= qos_module.RUNS_MAX
         if runs.acks_seen:  # a lower bound of what may be resent (nothing, for one that never acked)
             assert runs.next_due <= min((e.due for e in seen.values()), default=float("inf"))
