@@ -291,10 +291,10 @@ def client_payloads(data: bytes) -> list[bytes]:
 
 
 def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
-    """``_Acker.chunk``: the ids of a read's complete frames found by one search; the same counts,
-    duplicates and ``batchAck``s (``every`` ids each, the rest on the idle timer) as frame by frame,
-    a frame cut by the read's end kept for the next; a read it cannot take (an id that is not a
-    UUID) goes frame by frame."""
+    """``_Acker.chunk``: the ids and stamps of a read's complete frames of one layout taken as
+    columns; the same counts, duplicates and ``batchAck``s (``every`` ids each, the rest on the idle
+    timer) as frame by frame (each frame decoded), a frame cut by the read's end kept for the next;
+    a read it cannot take (too few frames, frames of other sizes or layouts) goes frame by frame."""
     import uuid
 
     import msgpack
@@ -371,7 +371,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     # 11 frames, one a redelivery; two batchAcks of 4, three ids wait for the idle timer
     assert got == (10, 1, 2, [ids[0:4], ids[4:8]], [packed[8], packed[9], packed[2]], b"", True)
     assert receive(chunks, chunked=False) == got
-    assert one_by_one == [0, 11]
+    assert one_by_one == [11, 11]  # fewer than COLUMNS_MIN frames a read: decoded one by one
     # after the first two reads the cut frame waits in the buffer, the rest counted
     assert receive(chunks[:2], chunked=True)[0] == 10 and receive(chunks[:2], chunked=True)[5] == stream[
         len(stream) - len(frames[-1]):cut]
@@ -383,8 +383,8 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     reads = [b"".join(frames[:3]), b"".join(frames[3:8])]  # the first arms the timer, the second ends it
     assert receive(reads, chunked=True)[2:] == (2, [ids[0:4], ids[4:8]], [], b"", False)
     assert receive(reads, chunked=False)[2:] == (2, [ids[0:4], ids[4:8]], [], b"", False)
-    assert one_by_one[-5:] == [6, 6, 6, 0, 8]
-    assert not any(columns)  # fewer than COLUMNS_MIN frames a read: searched
+    assert one_by_one[-5:] == [6, 6, 6, 8, 8]
+    assert not any(columns)
     # reads of frames of one size (a topic's messages): the ids and stamps taken as columns
     many_ids = [str(uuid.UUID(int=index)) for index in range(120)]
     many = [message(msg_id, index) for index, msg_id in enumerate(many_ids)] + [message(many_ids[5], 5)]
@@ -397,22 +397,35 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     assert receive(reads, chunked=False) == got
     assert columns[-2:] == [2, 0] and one_by_one[-2:] == [0, 121]
     assert writes[-2:] == [2, 30]  # taken at once, a read's batchAcks go in one write; one by one, each in its own
-    # a frame of another size among them, or a frame of the size whose id is elsewhere: searched
+    # a frame of another size among them, or a frame of the size whose id is elsewhere, or whose
+    # data is bytes holding a msgId key and a UUID-sized value: each read goes frame by frame
     longer = codec.message_packed("app/room/t", msgpack.packb("x" * 51), many_ids[10], True, False, None, None,
                                   1_700_000_000_000 + 10)
     moved = msgpack.packb({"type": "message", "topic": "app/room/t", "msgId": many_ids[10], "data": "x" * 50,
                            "requiresAck": True, "timestamp": 1_700_000_000_000 + 10})  # the id before the data
     assert len(frame_header(0x2, len(moved)) + moved) == len(many[0])
-    # a frame whose data (bytes, as long) holds a msgId key and a UUID-sized value before the real
-    # one (one-by-one takes that first one): neither columns nor the search, one by one
     decoy = codec.message_packed("app/room/t", msgpack.packb(msgpack.packb("msgId") + b"\xd9\x24" + b"0" * 36 + b"x" * 6),
                                  many_ids[10], True, False, None, None, 1_700_000_000_000 + 10)
     assert len(frame_header(0x2, len(decoy)) + decoy) == len(many[0])
     for odd in (longer, moved, decoy):
         mixed = [b"".join(many[:10] + [frame_header(0x2, len(odd)) + odd] + many[11:80])]
         assert receive(mixed, chunked=True) == receive(mixed, chunked=False)
-        assert columns[-2:] == [0, 0] and one_by_one[-2:] == ([80, 80] if odd is decoy else [0, 80])
+        assert columns[-2:] == [0, 0] and one_by_one[-2:] == [80, 80]
         # the same after a read that set the layout: the later read is not taken by it
         after = [b"".join(many[:60]), b"".join(many[60:70] + [frame_header(0x2, len(odd)) + odd] + many[71:120])]
         assert receive(after, chunked=True) == receive(after, chunked=False)
-        assert columns[-2:] == [1, 0] and one_by_one[-2:] == ([60, 120] if odd is decoy else [0, 120])
+        assert columns[-2:] == [1, 0] and one_by_one[-2:] == [60, 120]
+    # frames whose data are bytes, one of them holding a msgId key and a UUID-sized value: one
+    # layout (the data's content is free), so taken as columns, each frame's own id read, as decoded
+    def binary(msg_id: str, stamp: int, data: bytes) -> bytes:
+        payload = codec.message_packed("app/room/t", msgpack.packb(data), msg_id, True, False, None, None,
+                                       1_700_000_000_000 + stamp)
+        return frame_header(0x2, len(payload)) + payload
+    plain = b"y" * 50
+    lure = msgpack.packb("msgId") + b"\xd9\x24" + b"0" * 36 + b"x" * 6
+    assert len(lure) == len(plain)
+    binaries = [binary(msg_id, index, lure if index == 30 else plain) for index, msg_id in enumerate(many_ids)]
+    got = receive([b"".join(binaries)], chunked=True)
+    assert got == receive([b"".join(binaries)], chunked=False)
+    assert columns[-2:] == [1, 0] and one_by_one[-2:] == [0, 120]
+    assert [i for ack in got[3] for i in ack] == many_ids  # the lure's id is not read

@@ -56,11 +56,6 @@ COLUMNS_MIN = 48  # frames a read: fewer are searched (taking columns costs abou
 QUIET_S = 24 * 3600.0  # heartbeats: past any case
 
 _PACK = msgpack.packb
-_MSG_ID = _PACK("msgId")
-# "msgId" and its value as a str 8 of 36 bytes (the router's ids are UUIDs), the value as packed
-_UUID_MSG_ID = re.compile(re.escape(_MSG_ID) + rb"(\xd9\x24.{36})", re.DOTALL)
-# "timestamp" and its value as a uint 64 (a Unix millisecond count: above 2**32), the value's 8 bytes
-_MS_TIMESTAMP = re.compile(re.escape(_PACK("timestamp")) + rb"\xcf(.{8})", re.DOTALL)
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
@@ -109,9 +104,10 @@ def padded(topic: str, body: str) -> str:
 # -- the load generators' side ----------------------------------------------------------------
 
 class _Acker:
-    """A QoS 1 receiver's handler (``HANDLE`` mode): reads each message's ``msgId`` (found in the
-    frame's bytes, nothing decoded), acknowledges them in ``batchAck`` frames, and counts a message
-    once: a redelivery (its ack was late) is counted apart as a duplicate.
+    """A QoS 1 receiver's handler (``HANDLE`` mode): reads each message's ``msgId`` (a read of
+    frames of one layout as columns, else each frame decoded), acknowledges them in ``batchAck``
+    frames, and counts a message once: a redelivery (its ack was late) is counted apart as a
+    duplicate.
 
     A message is new when its ``timestamp`` is above every one the connection got before: the
     topic shard stamps a topic's messages strictly increasing and writes them to a subscriber in
@@ -129,27 +125,23 @@ class _Acker:
         self.layout: tuple | None = None
 
     def __call__(self, payload: bytes) -> int:
-        index = payload.find(_MSG_ID)
-        if index < 0:
+        """One frame, decoded as a client decodes it: its ``msgId`` (packed again, as a batchAck
+        carries it) and its ``timestamp``."""
+        try:
+            message = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        except Exception:
+            return 0  # not MessagePack: not a message
+        msg_id = message.get("msgId") if type(message) is dict else None
+        if type(msg_id) is not str:
             return 0  # not a logged message (a heartbeat, an error)
-        index += len(_MSG_ID)
-        head = payload[index]
-        if head == 0xD9:  # str 8 (a UUID's 36 characters)
-            end = index + 2 + payload[index + 1]
-        elif head == 0xDA:  # str 16 (an id of 256 characters)
-            end = index + 3 + int.from_bytes(payload[index + 1:index + 3], "big")
-        else:  # fixstr
-            end = index + 1 + (head & 0x1F)
-        msg_id = payload[index:end]  # as MessagePack wrote it: a batchAck carries it as it is
-        self.pending.append(msg_id)
+        self.pending.append(_PACK(msg_id))
         if len(self.pending) >= self.every:
             self.flush()
         elif self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
-        found = _MS_TIMESTAMP.search(payload, end)
-        if found is None:
+        stamp = message.get("timestamp")
+        if type(stamp) is not int:
             return 1  # not stamped as the router stamps: counted, not checked
-        stamp = int.from_bytes(found.group(1), "big")
         if stamp <= self.top:
             self.dialect.duplicates += 1
             return 0
@@ -157,21 +149,14 @@ class _Acker:
         return 1
 
     def chunk(self, buffer: bytearray, end: int, frames: int) -> int | None:
-        """``frames`` complete data frames in ``buffer[:end]``, read at once: their ids and
-        timestamps (a message's ``msgId`` as the router writes it, a UUID's 36 characters; its
-        ``timestamp``) taken from every frame at once (:meth:`_uniform`) or found by one search
-        each, the ids queued for ``batchAck`` and the new messages counted in numpy, with no
-        Python work per frame. None (then each frame goes to ``__call__``) unless every frame
-        holds exactly one of each."""
+        """``frames`` complete data frames in ``buffer[:end]``, read at once: when they are
+        frames of one size and one layout (:meth:`_uniform`: a topic's messages as the router
+        writes them), their ids and timestamps are taken as columns, the ids queued for
+        ``batchAck`` and the new messages counted in numpy, with no Python work per frame. None
+        (then each frame goes to ``__call__``) otherwise."""
         found = self._uniform(buffer, end, frames)
         if found is None:
-            ids = _UUID_MSG_ID.findall(buffer, 0, end)
-            if len(ids) != frames:
-                return None
-            stamps = _MS_TIMESTAMP.findall(buffer, 0, end)
-            if len(stamps) != frames:
-                return None
-            found = ids, np.frombuffer(b"".join(stamps), dtype=">u8").astype(np.int64)
+            return None
         ids, stamps = found
         pending, every = self.pending, self.every
         pending += ids
@@ -190,12 +175,11 @@ class _Acker:
         return self._fresh(stamps)
 
     def _uniform(self, buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
-        """The packed ids and the timestamps of ``frames`` frames of one size that hold them at
-        the same places (a topic's messages, as the router writes them: one layout), no frame with
-        a ``msgId`` key before that place, as columns of a frames × size array; None when they are
-        not such frames. The layout found in the first frame of a read is kept: a later read of
-        frames of its size is checked against it in one step (every frame, the first too, holds
-        its bytes at its places) instead of being searched again."""
+        """The packed ids and the timestamps of ``frames`` frames of one size and one layout, as
+        columns of a frames × size array; None when they are not such frames. The layout
+        (:meth:`_layout`) is found in the first frame of a read and kept: a later read of frames
+        of its size is checked against it in one step (every frame, the first too, holds its bytes
+        at its places) instead of being parsed again."""
         stride = end // frames
         if frames < COLUMNS_MIN or stride * frames != end:
             return None
@@ -205,37 +189,52 @@ class _Acker:
             layout = self._layout(rows, stride)
             if layout is None:
                 return None
-        _, _, _, key_start, ids, stamps = layout
-        # A frame with a msgId key before the layout's (one-by-one would take that one): only
-        # where a frame's bytes before that key hold the key's first two bytes is the whole read
-        # counted (the key cannot overlap itself, so an earlier one ends before it).
-        before = rows[:, 4:key_start]
-        if ((before[:, :-1] == _MSG_ID[0]) & (before[:, 1:] == _MSG_ID[1])).any():
-            if buffer.count(_MSG_ID, 0, end) != frames:
-                return None
+        _, _, _, ids, stamps = layout
         taken = np.ascontiguousarray(rows[:, ids]).view(f"S{ids.stop - ids.start}")
         stamped = np.ascontiguousarray(rows[:, stamps]).view(">u8")
         return taken.ravel().tolist(), stamped.ravel().astype(np.int64)
 
     def _layout(self, rows: np.ndarray, stride: int) -> tuple | None:
-        """The places of the first frame's id and stamp (as one-by-one finds them), and the
-        places every frame must hold its bytes at: the header (its length), the ids' key and str 8
-        header, and all from the id's end to the timestamp's value (so the first stamp after the
-        id, as one-by-one reads it, is there too). Kept as the layout if every frame does; None
-        otherwise."""
+        """The first frame decoded as ``__call__`` decodes it, with where each of its map's keys
+        and values lies: its ``data`` a string or bytes, its ``msgId`` a string, its
+        ``timestamp`` a uint 64. Every byte but the data's content, the id's characters and the
+        stamp's value is then a place every frame must hold the first one's byte at, so every
+        frame decodes the same way, its id and stamp where the first frame's are (the data's
+        content cannot be read as anything else: its header, with its length, is a place). Kept
+        as the layout if every frame does; None otherwise."""
         first = rows[0].tobytes()
-        key = _UUID_MSG_ID.search(first)
-        if key is None or first.find(_MSG_ID) != key.start():
-            return None  # one-by-one takes the first msgId key's value
-        stamp = _MS_TIMESTAMP.search(first, key.end())  # as one-by-one, after the id
-        if stamp is None:
+        start = 2 if first[1] & 0x7F < 126 else 4  # the WebSocket header (unmasked: the server's)
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker.feed(first[start:])
+        spans: dict[Any, tuple[int, int, Any]] = {}
+        try:
+            for _ in range(unpacker.read_map_header()):
+                key = unpacker.unpack()
+                at = start + unpacker.tell()
+                value = unpacker.unpack()
+                spans[key] = (at, start + unpacker.tell(), value)  # a repeated key: its last value, as a dict
+        except Exception:
             return None
-        places = np.r_[0:4, key.start():key.start(1) + 2, key.end(1):stamp.start(1)]
+        if start + unpacker.tell() != stride or not {"data", "msgId", "timestamp"} <= spans.keys():
+            return None
+        data_at, data_end, data = spans["data"]
+        id_at, id_end, msg_id = spans["msgId"]
+        stamp_at, stamp_end, stamp = spans["timestamp"]
+        if type(data) is str:
+            data = data.encode()
+        if (type(data) is not bytes or type(msg_id) is not str or type(stamp) is not int
+                or first[stamp_at] != 0xCF):
+            return None
+        free = np.zeros(stride, bool)  # what may differ from frame to frame
+        free[data_end - len(data):data_end] = True
+        id_head = id_end - len(msg_id.encode())
+        free[id_head:id_end] = True
+        free[stamp_at + 1:stamp_end] = True
+        places = np.flatnonzero(~free)
         expected = rows[0, places].copy()
         if not (rows[1:, places] == expected).all():
             return None
-        layout = (stride, places, expected, key.start(), slice(key.start(1), key.end(1)),
-                  slice(stamp.start(1), stamp.end(1)))
+        layout = (stride, places, expected, slice(id_at, id_end), slice(stamp_at + 1, stamp_end))
         self.layout = layout
         return layout
 
