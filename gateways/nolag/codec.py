@@ -482,8 +482,9 @@ def _filter(value: Any, name: str, limits: Limits) -> str:
 # -- frames to the client -----------------------------------------------------------------------
 
 # One Packer (use_bin_type=True is msgpack's default since 1.0): ``packb`` makes a new one at each
-# call (160 against 46 ns a short string). Its pack runs in C without giving up the GIL, so two
-# threads never share its buffer, and a failed pack leaves it empty.
+# call (160 against 46 ns a short string). It is not reentrant: the codec's callers run on the
+# gateway's event-loop thread, and what it packs is decoded MessagePack (plain dicts and lists: no
+# Python code runs inside a pack); a failed pack leaves it empty.
 _pack = msgpack.Packer().pack
 _MESSAGE_HEAD = _pack("type") + _pack("message") + _pack("topic")
 _K_DATA = _pack("data")

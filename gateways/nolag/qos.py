@@ -199,12 +199,10 @@ class QosWindow:
             if unacked:  # the ack's first ids may be older ones, one by one; then the runs' in order
                 lead = 0
                 for msg_id in msg_ids:
-                    if msg_id not in unacked:
+                    if unacked.pop(msg_id, None) is None:  # not there (or repeated: taken already)
                         break
-                    lead += 1
-                for msg_id in msg_ids[:lead]:
-                    del unacked[msg_id]
                     unwritten.pop(msg_id, None)
+                    lead += 1
                 msg_ids = msg_ids[lead:]
             taken = self._acked_in_order(msg_ids)
             if taken == len(msg_ids):
@@ -293,6 +291,21 @@ class QosWindow:
     def holds(self, msg_id: str) -> bool:
         """Whether ``msg_id`` waits for its ack here."""
         return msg_id in self.unacked or (bool(self.runs) and self.in_a_run(msg_id))
+
+    def holds_any(self, msg_ids: Sequence[str]) -> bool:
+        """Whether any of ``msg_ids`` waits for its ack here: the first is looked up in the runs
+        too (a client acks in order), the others in ``unacked`` once the runs' entries have moved
+        there (one lookup each, not a walk of the runs each: an ack of ids that are not out is
+        refused by the rate limit after this check)."""
+        if not msg_ids:
+            return False
+        if self.runs:
+            if self.holds(msg_ids[0]):
+                return True
+            if len(msg_ids) == 1:
+                return False
+            self.materialize()
+        return any(map(self.unacked.__contains__, msg_ids))
 
     def size(self) -> int:
         """How many messages wait for their ack here."""

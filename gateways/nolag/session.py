@@ -107,6 +107,7 @@ class NolagDialect(Dialect):
         self._http: aiohttp.ClientSession | None = None
         self.hydrations = 0
         self.redelivered = 0
+        self.acked_as_bytes = 0  # batchAcks of a window's runs' next ids, read as bytes
         # topic -> {connection id: subscription} of the open sessions that are not replaying: what a
         # fan-out looks its recipients up in, one lookup each (kept by ``NolagSession._relive``,
         # ``_put_subscription`` and ``_drop_subscription``). A session joins or leaves it at a
@@ -151,7 +152,7 @@ class NolagDialect(Dialect):
     def stats(self) -> dict[str, Any]:
         return {"connections": len(self.sessions), "authenticated": sum(1 for s in self.sessions if s.key),
                 "unacked": sum(s.qos.size() for s in self.sessions), "redelivered": self.redelivered,
-                "hydrations": self.hydrations}
+                "acked_as_bytes": self.acked_as_bytes, "hydrations": self.hydrations}
 
     async def _watch_revocations(self) -> None:
         """Poll the key store: a revoked key's live sessions get ``disconnect {token_invalid}``.
@@ -377,6 +378,7 @@ class NolagSession(DialectSession):
                 # packs them: acked by comparing bytes, none of them read (else decoded below).
                 found = codec.batch_ack_packed(data, self.dialect.limits)
                 if found is not None and self.qos.acked_packed(data, *found):
+                    self.dialect.acked_as_bytes += 1
                     gateway.accepted(contract.retag(meta, "BatchAck", None), None, size, self.wire.id)
                     return
             request = codec.decode(data, self.dialect.limits)
@@ -418,7 +420,7 @@ class NolagSession(DialectSession):
         if kind is codec.Ack:
             return self.qos.holds(request.msg_id)
         if kind is codec.BatchAck:
-            return any(map(self.qos.holds, request.msg_ids))
+            return self.qos.holds_any(request.msg_ids)
         return False
 
     def _handle(self, request: Any, meta: tuple) -> None:

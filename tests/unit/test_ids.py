@@ -76,14 +76,23 @@ def test_time_ordered_ids_are_version_7_uuids_in_order_of_making():
     assert len({text[-12:] for text in made}) == 1  # the process's random bits
 
 
-def test_time_ordered_ids_stay_in_order_when_the_clock_steps_back(monkeypatch):
+def test_time_ordered_ids_take_new_random_bits_when_the_clock_steps_back(monkeypatch):
+    """Before: the ids kept the latest milliseconds until the clock came back to them, so 2**26
+    ids in that time repeated earlier ones (the counter wraps, the random bits were the same)."""
     ids.uuid7.reset()
-    ids.uuid7.counter = itertools.count(0)  # no wrap among these
-    clock = iter([5_000_000_000_000, 4_000_000_000_000, 6_000_000_000_000])
+    ids.uuid7.counter = itertools.count(0)
+    clock = iter([5_000_000_000_000, 4_000_000_000_000, 4_000_000_000_000, 6_000_000_000_000])
     monkeypatch.setattr(ids.time, "time_ns", lambda: next(clock))
-    first, stepped_back, later = ids.uuid7(), ids.uuid7(), ids.uuid7()
-    assert [uuid.UUID(t).int >> 80 for t in (first, stepped_back, later)] == [5_000_000, 5_000_000, 6_000_000]
-    assert first < stepped_back < later
+    try:
+        first, stepped_back, same_ms, later = (ids.uuid7() for _ in range(4))
+    finally:
+        monkeypatch.undo()
+        ids.uuid7.reset()
+    assert [uuid.UUID(t).int >> 80 for t in (first, stepped_back, same_ms, later)] == [5_000_000, 4_000_000,
+                                                                                        4_000_000, 6_000_000]
+    assert stepped_back[-12:] != first[-12:]  # new random bits from the step back on
+    assert stepped_back[-12:] == same_ms[-12:] == later[-12:]
+    assert stepped_back < same_ms < later and len({first, stepped_back, same_ms, later}) == 4
 
 
 def test_a_forked_child_draws_its_own_random_bits():

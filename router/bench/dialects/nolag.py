@@ -190,7 +190,7 @@ class _Acker:
             if layout is None:
                 return None
         _, _, _, ids, stamps = layout
-        taken = np.ascontiguousarray(rows[:, ids]).view(f"S{ids.stop - ids.start}")
+        taken = np.ascontiguousarray(rows[:, ids]).view(f"V{ids.stop - ids.start}")  # "S" would drop trailing NULs
         stamped = np.ascontiguousarray(rows[:, stamps]).view(">u8")
         return taken.ravel().tolist(), stamped.ravel().astype(np.int64)
 
@@ -201,7 +201,9 @@ class _Acker:
         stamp's value is then a place every frame must hold the first one's byte at, so every
         frame decodes the same way, its id and stamp where the first frame's are (the data's
         content cannot be read as anything else: its header, with its length, is a place). Kept
-        as the layout if every frame does; None otherwise."""
+        as the layout if every frame does; None otherwise. (Not checked: that an id's or the
+        data's bytes are valid UTF-8, and that a string's header is the shortest: frames the
+        router never writes, which one by one would not count or would ack repacked.)"""
         first = rows[0].tobytes()
         start = 2 if first[1] & 0x7F < 126 else 4  # the WebSocket header (unmasked: the server's)
         unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
