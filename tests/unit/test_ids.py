@@ -23,15 +23,7 @@ def test_ids_are_random_version_4_uuids_in_canonical_form():
 
 def test_a_forked_child_does_not_repeat_its_parents_ids():
     ids.uuid4()  # a block is loaded
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next id, to the parent
-        os.write(write, ids.uuid4().encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    child = os.read(read, 64).decode()
-    os.close(read)
+    child = _in_a_child(ids.uuid4)
     assert child != ids.uuid4()
     assert uuid.UUID(child).version == 4
 
@@ -97,14 +89,20 @@ def test_time_ordered_ids_take_new_random_bits_when_the_clock_steps_back(monkeyp
 
 def test_a_forked_child_draws_its_own_random_bits():
     parent = ids.uuid7()
+    child = _in_a_child(ids.uuid7)
+    assert uuid.UUID(child).version == 7
+    assert child[-12:] != parent[-12:]
+
+
+def _in_a_child(make) -> str:
+    """The next id ``make`` gives in a forked child."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:
-        os.write(write, ids.uuid7().encode())
+    if pid == 0:  # the child: its next id, to the parent
+        os.write(write, make().encode())
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
     child = os.read(read, 64).decode()
     os.close(read)
-    assert uuid.UUID(child).version == 7
-    assert child[-12:] != parent[-12:]
+    return child
