@@ -501,6 +501,16 @@ def message(topic: str, data: Any, msg_id: str | None = None, requires_ack: bool
     return message_packed(topic, _pack(data), msg_id, requires_ack, is_replay, filter, sender, timestamp)
 
 
+def packed_ids(ids: Iterable[str]) -> tuple[bytes, int]:
+    """``ids`` as MessagePack strings back to back (as a ``batchAck``'s array carries them, the
+    way this codec packs them) and the size of each one; 0 if they are not all one size."""
+    pieces = [_pack(msg_id) for msg_id in ids]
+    width = len(pieces[0]) if pieces else 0
+    if any(len(piece) != width for piece in pieces):
+        width = 0
+    return b"".join(pieces), width
+
+
 def message_packed(topic: str, data_packed: bytes, msg_id: str | None = None, requires_ack: bool = False,
                    is_replay: bool = False, filter: str | None = None, sender: str | None = None,
                    timestamp: int | float | None = None) -> bytes:

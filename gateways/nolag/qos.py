@@ -36,9 +36,9 @@ an entry in ``unacked`` (so every entry there stays older than every run's).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import msgpack
+from gateways.nolag.codec import packed_ids
 
 SEEN_CAP = 10_000  # QoS 2 ids remembered per connection
 # Runs a window holds at most: one more first moves theirs into ``unacked`` (a lookup of an id
@@ -82,12 +82,7 @@ class Run:
         and the size of each one; 0 if they are not all one size (then there is no such reading)."""
         packed = self._packed
         if packed is None:
-            pack = msgpack.Packer().pack
-            pieces = [pack(msg_id) for msg_id in self.ids]
-            width = len(pieces[0]) if pieces else 0
-            if any(len(piece) != width for piece in pieces):
-                width = 0
-            packed = self._packed = (b"".join(pieces), width)
+            packed = self._packed = packed_ids(self.ids)
         return packed
 
 
@@ -131,7 +126,7 @@ class QosWindow:
         if qos >= 1 and msg_id is not None:
             if qos == 2 and (msg_id in self.seen_qos2 or msg_id in self.recording):
                 return False  # exactly once: this actor has had it (on this connection or an earlier one)
-            if msg_id in self.unacked or (self.runs and self.in_a_run(msg_id)):
+            if self.holds(msg_id):
                 return False  # already out and waiting for its ack
         return True
 
@@ -220,20 +215,16 @@ class QosWindow:
     def _acked_in_order(self, msg_ids: tuple[str, ...]) -> int:
         """How many of the first ``msg_ids`` are the runs' next ids in order: those are acked (an
         id is never both in a run and in ``unacked``)."""
-        runs, done, count = self.runs, 0, len(msg_ids)
-        while done < count and runs:
-            state = runs[0]
-            run, start = state
+        done, count = 0, len(msg_ids)
+        for run, start in self.runs:
             ids = run.ids
             take = min(count - done, len(ids) - start)
             if ids[start:start + take] != msg_ids[done:done + take]:
                 break
             done += take
-            self.in_runs -= take
-            if start + take == len(ids):
-                runs.popleft()
-            else:
-                state[1] = start + take
+            if done == count:
+                break
+        self._take(done)
         return done
 
     def acked_packed(self, data: bytes, count: int, start: int) -> bool:
@@ -243,33 +234,37 @@ class QosWindow:
         connection that has acked before."""
         if not self.acks_seen or not self.runs or count > self.in_runs:
             return False
-        end = len(data)
-        position, states = start, []
-        left = count
-        for state in self.runs:
-            if not left:
-                break
-            run, first = state
+        position, left = start, count
+        for run, first in self.runs:
             packed, width = run.packed()
             if not width:
                 return False
             take = min(left, len(run.ids) - first)
             size = take * width
-            if position + size > end or data[position:position + size] != packed[first * width:(first + take) * width]:
+            if data[position:position + size] != packed[first * width:(first + take) * width]:
                 return False
-            states.append((state, first + take))
             position += size
             left -= take
-        if left or position != end:
+            if not left:
+                break
+        if position != len(data):
             return False
+        self._take(count)
+        return True
+
+    def _take(self, count: int) -> None:
+        """The runs' next ``count`` ids are acked here (``count`` at most ``in_runs``)."""
         runs = self.runs
-        for state, acked_to in states:
-            if acked_to == len(state[0].ids):
+        self.in_runs -= count
+        while count:
+            state = runs[0]
+            run, start = state
+            take = min(count, len(run.ids) - start)
+            count -= take
+            if start + take == len(run.ids):
                 runs.popleft()
             else:
-                state[1] = acked_to
-        self.in_runs -= count
-        return True
+                state[1] = start + take
 
     def add_run(self, run: Run) -> None:
         """``run``'s frames were written to this connection, after everything before."""
@@ -311,19 +306,21 @@ class QosWindow:
         """How many messages wait for their ack here."""
         return len(self.unacked) + self.in_runs
 
+    def _in_runs(self) -> Iterator[tuple[str, Unacked]]:
+        """The runs' ids not acked here and their entries, oldest first."""
+        for run, start in self.runs:
+            yield from zip(run.ids[start:], run.entries[start:])
+
     def materialize(self) -> None:
         """The runs' entries not acked into ``unacked``, in order, after what it holds."""
-        unacked = self.unacked
-        for run, start in self.runs:
-            unacked.update(zip(run.ids[start:], run.entries[start:]))
+        self.unacked.update(self._in_runs())
         self.runs.clear()
         self.in_runs = 0
 
     def outstanding(self) -> dict[str, Unacked]:
         """Every message waiting for its ack here, oldest first (a copy)."""
         waiting = dict(self.unacked)
-        for run, start in self.runs:
-            waiting.update(zip(run.ids[start:], run.entries[start:]))
+        waiting.update(self._in_runs())
         return waiting
 
     def resend_due(self, now: float, send: Callable[[bytes], bool]) -> int:
@@ -407,7 +404,7 @@ class QosWindow:
         current = floors.get  # inlined (a window may hold max_unacked entries, read each checkpoint)
         entries: Iterable[Unacked] = self.unacked.values()
         if self.runs:
-            entries = [*entries, *(entry for run, start in self.runs for entry in run.entries[start:])]
+            entries = [*entries, *(entry for _, entry in self._in_runs())]
         for entry in entries:
             if entry.qos == 1 or not entry.attempts:  # a QoS 2 one written is never replayed
                 floor = entry.ts_ms - 1
