@@ -352,7 +352,7 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
             for chunk in chunks:
                 client.data_received(chunk)
             acks = [msgpack.unpackb(payload)["msgIds"] for payload in client_payloads(b"".join(client.transport.written))]
-            result = (client.tally.count, dialect.duplicates, dialect.acks, acks, list(client.handler.pending),
+            result = (client.tally.count, dialect.duplicates, dialect.acks, acks, client.handler.waiting(),
                       bytes(client.buffer), client.handler.timer is not None)
             one_by_one.append(dialect.one_by_one)
             columns.append(dialect.columns)
@@ -415,6 +415,28 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
         after = [b"".join(many[:60]), b"".join(many[60:70] + [frame_header(0x2, len(odd)) + odd] + many[71:120])]
         assert receive(after, chunked=True) == receive(after, chunked=False)
         assert columns[-2:] == [1, 0] and one_by_one[-2:] == [60, 120]
+    # a read of frames of one size, then a shorter complete frame and a frame cut by the read's
+    # end (together shorter than one of the first): the first taken as columns, the shorter one
+    # decoded in the same read, the cut one kept for the next
+    small = message("m61", 61)
+    cut_at = len(many[0]) - len(small) - 1
+    tail = [b"".join(many[:60] + [small]) + many[62][:cut_at], many[62][cut_at:] + b"".join(many[63:80])]
+    got = receive(tail, chunked=True)
+    assert got == receive(tail, chunked=False)
+    assert got[:3] == (79, 0, 19) and got[5] == b""
+    assert columns[-2:] == [1, 0] and one_by_one[-2:] == [19, 79]
+    assert receive(tail[:1], chunked=True)[0::5] == (61, many[62][:cut_at])  # the shorter one not left waiting
+    # frames whose last bytes are a place (``requiresAck`` after the stamp): a later read whose
+    # last frame differs only there, in the bytes after its last 8-byte word, is not taken
+    def ending(msg_id: str, stamp: int, flag: bool) -> bytes:
+        payload = msgpack.packb({"type": "message", "topic": "app/room/t", "data": "x" * 51, "msgId": msg_id,
+                                 "timestamp": 1_700_000_000_000 + stamp, "requiresAck": flag})
+        return frame_header(0x2, len(payload)) + payload
+    ended = [ending(msg_id, index, index != 98) for index, msg_id in enumerate(many_ids[:99])]
+    assert len(ended[0]) % 8 and 49 * len(ended[0]) % 8
+    reads = [b"".join(ended[:50]), b"".join(ended[50:99])]
+    assert receive(reads, chunked=True) == receive(reads, chunked=False)
+    assert columns[-2:] == [1, 0] and one_by_one[-2:] == [49, 99]
     # frames whose data are bytes, one of them holding a msgId key and a UUID-sized value: one
     # layout (the data's content is free), so taken as columns, each frame's own id read, as decoded
     def binary(msg_id: str, stamp: int, data: bytes) -> bytes:

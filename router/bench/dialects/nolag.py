@@ -114,15 +114,30 @@ class _Acker:
     that order, and a redelivery is the same frame. (A set of every id seen, kept before, grew by
     a message per delivery for the whole run: 37 % of a receiver's time, and more as it grew.)"""
 
-    __slots__ = ("client", "dialect", "every", "pending", "top", "timer", "layout")
+    __slots__ = ("client", "dialect", "every", "pending", "block", "width", "held", "top", "timer", "layout",
+                 "tiles")
 
     def __init__(self, client: WsClient, dialect: "NolagClientDialect", every: int) -> None:
         self.client, self.dialect, self.every = client, dialect, every
+        # The ids not acked yet, packed, in the order they came: the frames decoded one by one
+        # add to ``pending`` (a list); a read taken as columns to ``block`` (``held`` ids of
+        # ``width`` bytes each, back to back, as the read held them). One of the two is empty.
         self.pending: list[bytes] = []
+        self.block = b""
+        self.width = self.held = 0
         self.top = -1  # the highest timestamp the connection got
         self.timer: asyncio.TimerHandle | None = None
         # the last read's frames' layout as _uniform found it (see there), None before
         self.layout: tuple | None = None
+        # the layout's expected bytes and mask repeated over a read of many frames (_uniform)
+        self.tiles: tuple | None = None
+
+    def waiting(self) -> list[bytes]:
+        """The ids not acked yet, packed, in the order they came."""
+        if self.held:
+            width, block = self.width, self.block
+            return [block[at:at + width] for at in range(0, len(block), width)]
+        return list(self.pending)
 
     def __call__(self, payload: bytes) -> int:
         """One frame, decoded as a client decodes it: its ``msgId`` (packed again, as a batchAck
@@ -134,6 +149,8 @@ class _Acker:
         msg_id = message.get("msgId") if type(message) is dict else None
         if type(msg_id) is not str:
             return 0  # not a logged message (a heartbeat, an error)
+        if self.held:  # after a read taken as columns: its ids go first
+            self.pending, self.block, self.held = self.waiting(), b"", 0
         self.pending.append(_PACK(msg_id))
         if len(self.pending) >= self.every:
             self.flush()
@@ -152,47 +169,85 @@ class _Acker:
         """``frames`` complete data frames in ``buffer[:end]``, read at once: when they are
         frames of one size and one layout (:meth:`_uniform`: a topic's messages as the router
         writes them), their ids and timestamps are taken as columns, the ids queued for
-        ``batchAck`` and the new messages counted in numpy, with no Python work per frame. None
-        (then each frame goes to ``__call__``) otherwise."""
+        ``batchAck`` as the read's bytes (``every`` of them are a slice of those) and the new
+        messages counted in numpy, with no Python work per frame. None (then each frame goes to
+        ``__call__``) otherwise."""
         found = self._uniform(buffer, end, frames)
         if found is None:
             return None
-        ids, stamps = found
-        pending, every = self.pending, self.every
-        pending += ids
-        if len(pending) >= every and not self.client.closed.done():
-            acks = []
-            while len(pending) >= every:
-                acks.append(batch_ack(pending[:every]))
-                del pending[:every]
-            self.client.send_all(acks)  # one write for the read's acks
-            self.dialect.acks += len(acks)
+        ids, width, stamps = found
+        pending = self.pending
+        if pending:
+            if all(len(packed) == width for packed in pending):
+                self.block, self.width, self.held = b"".join(pending), width, len(pending)
+                self.pending = []
+            else:
+                self.flush()  # ids of other sizes: acked now, in one batchAck
+        elif self.held and self.width != width:
+            self.flush()
+        block = self.block + ids if self.held else ids
+        held, every = self.held + frames, self.every
+        full = held // every
+        if full and not self.client.closed.done():
+            step = every * width
+            head = _BATCH_ACK_HEAD + _array_header(every)
+            self.client.send_all([head + block[at:at + step] for at in range(0, full * step, step)])  # one write
+            self.dialect.acks += full
+            block, held = block[full * step:], held - full * every
             if self.timer is not None:  # as flush(): the idle timer starts again from what is left
                 self.timer.cancel()
                 self.timer = None
-        if pending and self.timer is None:
+        self.block, self.width, self.held = block, width, held
+        if held and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
         return self._fresh(stamps)
 
-    def _uniform(self, buffer: bytearray, end: int, frames: int) -> tuple[list[bytes], np.ndarray] | None:
-        """The packed ids and the timestamps of ``frames`` frames of one size and one layout, as
-        columns of a frames × size array; None when they are not such frames. The layout
-        (:meth:`_layout`) is found in the first frame of a read and kept: a later read of frames
-        of its size is checked against it in one step (every frame, the first too, holds its bytes
-        at its places) instead of being parsed again."""
+    def _uniform(self, buffer: bytearray, end: int, frames: int) -> tuple[bytes, int, np.ndarray] | None:
+        """The packed ids (back to back, each ``width`` bytes) and the timestamps of ``frames``
+        frames of one size and one layout, read as columns of a frames × size array; None when
+        they are not such frames. The layout (:meth:`_layout`) is found in the first frame of a
+        read and kept: a later read of frames of its size is checked against it in one step
+        (every frame, the first too, holds its bytes at its places: the read's bytes masked to
+        those places equal the first frame's so masked, repeated) instead of being parsed again."""
         stride = end // frames
         if frames < COLUMNS_MIN or stride * frames != end:
             return None
         rows = np.frombuffer(buffer, np.uint8, end).reshape(frames, stride)
         layout = self.layout
-        if layout is None or layout[0] != stride or not (rows[:, layout[1]] == layout[2]).all():
+        if layout is None or layout[0] != stride or not self._holds(buffer, end, frames):
             layout = self._layout(rows, stride)
             if layout is None:
                 return None
         _, _, _, ids, stamps = layout
-        taken = np.ascontiguousarray(rows[:, ids]).view(f"V{ids.stop - ids.start}")  # "S" would drop trailing NULs
+        taken = rows[:, ids].tobytes()
         stamped = np.ascontiguousarray(rows[:, stamps]).view(">u8")
-        return taken.ravel().tolist(), stamped.ravel().astype(np.int64)
+        return taken, ids.stop - ids.start, stamped.ravel().astype(np.int64)
+
+    def _holds(self, buffer: bytearray, end: int, frames: int) -> bool:
+        """Whether ``frames`` frames in ``buffer[:end]`` each hold the layout's bytes at its
+        places: 8 bytes at a time, the read and the layout's mask repeated ANDed, compared with
+        the layout's expected bytes so masked and repeated (the last ``end % 8`` bytes, a frame's
+        last ones, as one integer)."""
+        stride, places, expected = self.layout[:3]
+        tiles = self.tiles
+        if tiles is None or tiles[0] < frames:
+            mask = np.zeros(stride, np.uint8)
+            mask[places] = 0xFF
+            first = np.zeros(stride, np.uint8)
+            first[places] = expected
+            repeat = max(frames, 2 * (tiles[0] if tiles else 0))
+            masks, expect = np.tile(mask, repeat), np.tile(first, repeat)
+            words = len(masks) // 8
+            tail = min(8, stride)
+            tiles = self.tiles = (repeat, masks[:words * 8].view(np.uint64), expect[:words * 8].tobytes(),
+                                  np.empty(words, np.uint64), int.from_bytes(mask[-tail:].tobytes(), "little"),
+                                  int.from_bytes(first[-tail:].tobytes(), "little"), tail)
+        _, masks, expect, scratch, tail_mask, tail_expected, tail = tiles
+        words = end // 8
+        masked = np.bitwise_and(np.frombuffer(buffer, np.uint64, words), masks[:words], out=scratch[:words])
+        if masked.tobytes() != expect[:words * 8]:
+            return False
+        return end % 8 == 0 or int.from_bytes(buffer[end - tail:end], "little") & tail_mask == tail_expected
 
     def _layout(self, rows: np.ndarray, stride: int) -> tuple | None:
         """The first frame decoded as ``__call__`` decodes it, with where each of its map's keys
@@ -242,6 +297,9 @@ class _Acker:
 
     def _fresh(self, stamps: np.ndarray) -> int:
         """How many of ``stamps`` (in the order received) are above every one before them."""
+        if stamps[0] > self.top and (len(stamps) == 1 or (stamps[1:] > stamps[:-1]).all()):
+            self.top = int(stamps[-1])  # the usual read: new messages only, in order
+            return len(stamps)
         before = np.maximum.accumulate(np.concatenate(([self.top], stamps[:-1])))
         fresh = int(np.count_nonzero(stamps > before))
         self.top = max(self.top, int(stamps.max()))
@@ -252,24 +310,31 @@ class _Acker:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if not self.pending or self.client.closed.done():
+        if not (self.pending or self.held) or self.client.closed.done():
             return
-        ids, self.pending = self.pending, []
-        self.client.send(batch_ack(ids))
+        if self.held:
+            frame = _BATCH_ACK_HEAD + _array_header(self.held) + self.block
+            self.block, self.held = b"", 0
+        else:
+            frame = batch_ack(self.pending)
+            self.pending = []
+        self.client.send(frame)
         self.dialect.acks += 1
+
+
+def _array_header(count: int) -> bytes:
+    """A MessagePack array's header for ``count`` items."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 65536:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
 
 
 def batch_ack(packed_ids: list[bytes]) -> bytes:
     """``{"type": "batchAck", "msgIds": [...]}`` of ids already packed as MessagePack strings,
     joined without decoding them (the receivers' CPU is the router's machine's too)."""
-    count = len(packed_ids)
-    if count < 16:
-        header = bytes((0x90 | count,))
-    elif count < 65536:
-        header = b"\xdc" + count.to_bytes(2, "big")
-    else:
-        header = b"\xdd" + count.to_bytes(4, "big")
-    return _BATCH_ACK_HEAD + header + b"".join(packed_ids)
+    return _BATCH_ACK_HEAD + _array_header(len(packed_ids)) + b"".join(packed_ids)
 
 
 _BATCH_ACK_HEAD = b"\x82" + _PACK("type") + _PACK("batchAck") + _PACK("msgIds")
