@@ -437,6 +437,18 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     reads = [b"".join(ended[:50]), b"".join(ended[50:99])]
     assert receive(reads, chunked=True) == receive(reads, chunked=False)
     assert columns[-2:] == [1, 0] and one_by_one[-2:] == [49, 99]
+    # reads of two layouts of one size in turn (the id before the data, then after): each read is
+    # checked against its own layout's bytes, not the one before's, and its ids read where they are
+    def id_first(msg_id: str, stamp: int) -> bytes:
+        payload = msgpack.packb({"type": "message", "topic": "app/room/t", "msgId": msg_id, "data": "x" * 50,
+                                 "requiresAck": True, "timestamp": 1_700_000_000_000 + stamp})
+        return frame_header(0x2, len(payload)) + payload
+    turns = [b"".join(many[:50]), b"".join(id_first(many_ids[index], index) for index in range(50, 100)),
+             b"".join(many[100:120] + [message(f"{index:036d}", index) for index in range(120, 150)])]
+    got = receive(turns, chunked=True)
+    assert got == receive(turns, chunked=False)
+    assert [i for ack in got[3] for i in ack] == many_ids[:120] + [f"{index:036d}" for index in range(120, 148)]
+    assert columns[-2:] == [3, 0]
     # frames whose data are bytes, one of them holding a msgId key and a UUID-sized value: one
     # layout (the data's content is free), so taken as columns, each frame's own id read, as decoded
     def binary(msg_id: str, stamp: int, data: bytes) -> bytes:

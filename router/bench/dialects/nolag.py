@@ -114,8 +114,7 @@ class _Acker:
     that order, and a redelivery is the same frame. (A set of every id seen, kept before, grew by
     a message per delivery for the whole run: 37 % of a receiver's time, and more as it grew.)"""
 
-    __slots__ = ("client", "dialect", "every", "pending", "block", "width", "held", "top", "timer", "layout",
-                 "tiles")
+    __slots__ = ("client", "dialect", "every", "pending", "block", "width", "held", "top", "timer", "layout")
 
     def __init__(self, client: WsClient, dialect: "NolagClientDialect", every: int) -> None:
         self.client, self.dialect, self.every = client, dialect, every
@@ -129,8 +128,6 @@ class _Acker:
         self.timer: asyncio.TimerHandle | None = None
         # the last read's frames' layout as _uniform found it (see there), None before
         self.layout: tuple | None = None
-        # the layout's expected bytes and mask repeated over a read of many frames (_uniform)
-        self.tiles: tuple | None = None
 
     def waiting(self) -> list[bytes]:
         """The ids not acked yet, packed, in the order they came."""
@@ -218,7 +215,7 @@ class _Acker:
             layout = self._layout(rows, stride)
             if layout is None:
                 return None
-        _, _, _, ids, stamps = layout
+        ids, stamps = layout[3], layout[4]
         taken = rows[:, ids].tobytes()
         stamped = np.ascontiguousarray(rows[:, stamps]).view(">u8")
         return taken, ids.stop - ids.start, stamped.ravel().astype(np.int64)
@@ -228,20 +225,10 @@ class _Acker:
         places: 8 bytes at a time, the read and the layout's mask repeated ANDed, compared with
         the layout's expected bytes so masked and repeated (the last ``end % 8`` bytes, a frame's
         last ones, as one integer)."""
-        stride, places, expected = self.layout[:3]
-        tiles = self.tiles
+        layout = self.layout
+        tiles = _TILES.get(layout[5])
         if tiles is None or tiles[0] < frames:
-            mask = np.zeros(stride, np.uint8)
-            mask[places] = 0xFF
-            first = np.zeros(stride, np.uint8)
-            first[places] = expected
-            repeat = max(frames, 2 * (tiles[0] if tiles else 0))
-            masks, expect = np.tile(mask, repeat), np.tile(first, repeat)
-            words = len(masks) // 8
-            tail = min(8, stride)
-            tiles = self.tiles = (repeat, masks[:words * 8].view(np.uint64), expect[:words * 8].tobytes(),
-                                  np.empty(words, np.uint64), int.from_bytes(mask[-tail:].tobytes(), "little"),
-                                  int.from_bytes(first[-tail:].tobytes(), "little"), tail)
+            tiles = _tiles(layout, max(frames, 2 * tiles[0] if tiles else 0))
         _, masks, expect, scratch, tail_mask, tail_expected, tail = tiles
         words = end // 8
         masked = np.bitwise_and(np.frombuffer(buffer, np.uint64, words), masks[:words], out=scratch[:words])
@@ -291,7 +278,8 @@ class _Acker:
         expected = rows[0, places].copy()
         if not (rows[1:, places] == expected).all():
             return None
-        layout = (stride, places, expected, slice(id_at, id_end), slice(stamp_at + 1, stamp_end))
+        layout = (stride, places, expected, slice(id_at, id_end), slice(stamp_at + 1, stamp_end),
+                  (stride, places.tobytes(), expected.tobytes()))
         self.layout = layout
         return layout
 
@@ -320,6 +308,30 @@ class _Acker:
             self.pending = []
         self.client.send(frame)
         self.dialect.acks += 1
+
+
+# A layout's mask and expected bytes repeated over a read of many frames (``_Acker._holds``), by the
+# layout's key; shared by a process's receivers (their frames are mostly of one layout), as is the
+# scratch array (one event loop a process).
+_TILES: dict[tuple, tuple] = {}
+_TILES_MAX = 64
+
+
+def _tiles(layout: tuple, frames: int) -> tuple:
+    stride, places, expected, key = layout[0], layout[1], layout[2], layout[5]
+    mask = np.zeros(stride, np.uint8)
+    mask[places] = 0xFF
+    first = np.zeros(stride, np.uint8)
+    first[places] = expected
+    masks, expect = np.tile(mask, frames), np.tile(first, frames)
+    words = len(masks) // 8
+    tail = min(8, stride)
+    if len(_TILES) >= _TILES_MAX:
+        _TILES.clear()
+    tiles = _TILES[key] = (frames, masks[:words * 8].view(np.uint64), expect[:words * 8].tobytes(),
+                           np.empty(words, np.uint64), int.from_bytes(mask[-tail:].tobytes(), "little"),
+                           int.from_bytes(first[-tail:].tobytes(), "little"), tail)
+    return tiles
 
 
 def _array_header(count: int) -> bytes:
