@@ -449,6 +449,14 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     assert got == receive(turns, chunked=False)
     assert [i for ack in got[3] for i in ack] == many_ids[:120] + [f"{index:036d}" for index in range(120, 148)]
     assert columns[-2:] == [3, 0]
+    # reads taken as columns whose ids differ in size from those waiting (ids of 36 characters,
+    # then of 10, then of 36 again): the batchAcks are the same, every one of 4 ids, as one by one
+    shorter = [f"id{index:08d}" for index in range(150, 200)]
+    turns = [b"".join(many[:50]), b"".join(message(msg_id, 150 + index) for index, msg_id in enumerate(shorter)),
+             b"".join(message(f"{index:036d}", index) for index in range(200, 250))]
+    got = receive(turns, chunked=True)
+    assert got == receive(turns, chunked=False)
+    assert columns[-2:] == [3, 0] and {len(ack) for ack in got[3]} == {4} and len(got[4]) == 2
     # frames whose data are bytes, one of them holding a msgId key and a UUID-sized value: one
     # layout (the data's content is free), so taken as columns, each frame's own id read, as decoded
     def binary(msg_id: str, stamp: int, data: bytes) -> bytes:

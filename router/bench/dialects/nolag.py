@@ -173,29 +173,33 @@ class _Acker:
         if found is None:
             return None
         ids, width, stamps = found
-        pending = self.pending
-        if pending:
-            if all(len(packed) == width for packed in pending):
-                self.block, self.width, self.held = b"".join(pending), width, len(pending)
-                self.pending = []
-            else:
-                self.flush()  # ids of other sizes: acked now, in one batchAck
-        elif self.held and self.width != width:
-            self.flush()
-        block = self.block + ids if self.held else ids
-        held, every = self.held + frames, self.every
-        full = held // every
-        if full and not self.client.closed.done():
+        pending, every = self.pending, self.every
+        if pending and all(len(packed) == width for packed in pending):
+            self.block, self.width, self.held = b"".join(pending), width, len(pending)
+            self.pending = pending = []
+        closed = self.client.closed.done()
+        if pending or (self.held and self.width != width):
+            # ids of another size wait (rare: the router's are all of one): this read's join them
+            # as a list, and a batchAck is joined from ``every`` of them
+            queue = self.waiting() + [ids[at:at + width] for at in range(0, len(ids), width)]
+            full = 0 if closed else len(queue) // every
+            acks = [batch_ack(queue[at:at + every]) for at in range(0, full * every, every)]
+            self.pending, self.block, self.held = queue[full * every:], b"", 0
+        else:
+            block = self.block + ids if self.held else ids
+            held = self.held + frames
+            full = 0 if closed else held // every
             step = every * width
             head = _BATCH_ACK_HEAD + _array_header(every)
-            self.client.send_all([head + block[at:at + step] for at in range(0, full * step, step)])  # one write
+            acks = [head + block[at:at + step] for at in range(0, full * step, step)]
+            self.block, self.width, self.held = block[full * step:], width, held - full * every
+        if acks:
+            self.client.send_all(acks)  # one write for the read's acks
             self.dialect.acks += full
-            block, held = block[full * step:], held - full * every
             if self.timer is not None:  # as flush(): the idle timer starts again from what is left
                 self.timer.cancel()
                 self.timer = None
-        self.block, self.width, self.held = block, width, held
-        if held and self.timer is None:
+        if (self.held or self.pending) and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(ACK_IDLE_S, self.flush)
         return self._fresh(stamps)
 
