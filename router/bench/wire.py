@@ -124,19 +124,11 @@ def uniform_frames(buffer: bytes | bytearray, size: int) -> tuple[int, int]:
     first one's header (so its length), one after the other every ``stride`` bytes, checked in
     numpy; (0, 0) when the first is a control frame, its length takes 8 bytes, or fewer than
     ``UNIFORM_MIN`` such frames would fit. A receiver's frames of one case are mostly one size."""
-    first = buffer[0]
-    length = buffer[1] & 0x7F
-    if first & 0x08 or length == 127:
-        return 0, 0
-    if length < 126:
-        header, stride = 2, 2 + length
-    elif size >= 4:
-        header, stride = 4, 4 + ((buffer[2] << 8) | buffer[3])
-    else:
-        return 0, 0
-    fits = size // stride
+    stride = _first_stride(buffer)
+    fits = size // stride if stride else 0
     if fits < UNIFORM_MIN:
         return 0, 0
+    header = 2 if buffer[1] & 0x7F < 126 else 4
     heads = np.frombuffer(buffer, np.uint8, fits * stride).reshape(fits, stride)[:, :header]
     same = (heads == heads[0]).all(axis=1)
     # Frame k starts at k * stride only if every frame before it has the first one's length.

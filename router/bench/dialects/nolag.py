@@ -56,6 +56,7 @@ COLUMNS_MIN = 48  # frames a read: fewer are searched (taking columns costs abou
 QUIET_S = 24 * 3600.0  # heartbeats: past any case
 
 _PACK = msgpack.packb
+_ARRAY_HEADER = msgpack.Packer().pack_array_header  # a MessagePack array's header for a count of items
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
@@ -190,7 +191,7 @@ class _Acker:
             held = self.held + frames
             full = 0 if closed else held // every
             step = every * width
-            head = _BATCH_ACK_HEAD + _array_header(every)
+            head = _BATCH_ACK_HEAD + _ARRAY_HEADER(every)
             acks = [head + block[at:at + step] for at in range(0, full * step, step)]
             self.block, self.width, self.held = block[full * step:], width, held - full * every
         if acks:
@@ -305,7 +306,7 @@ class _Acker:
         if not (self.pending or self.held) or self.client.closed.done():
             return
         if self.held:
-            frame = _BATCH_ACK_HEAD + _array_header(self.held) + self.block
+            frame = _BATCH_ACK_HEAD + _ARRAY_HEADER(self.held) + self.block
             self.block, self.held = b"", 0
         else:
             frame = batch_ack(self.pending)
@@ -338,19 +339,10 @@ def _tiles(layout: tuple, frames: int) -> tuple:
     return tiles
 
 
-def _array_header(count: int) -> bytes:
-    """A MessagePack array's header for ``count`` items."""
-    if count < 16:
-        return bytes((0x90 | count,))
-    if count < 65536:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
-
-
 def batch_ack(packed_ids: list[bytes]) -> bytes:
     """``{"type": "batchAck", "msgIds": [...]}`` of ids already packed as MessagePack strings,
     joined without decoding them (the receivers' CPU is the router's machine's too)."""
-    return _BATCH_ACK_HEAD + _array_header(len(packed_ids)) + b"".join(packed_ids)
+    return _BATCH_ACK_HEAD + _ARRAY_HEADER(len(packed_ids)) + b"".join(packed_ids)
 
 
 _BATCH_ACK_HEAD = b"\x82" + _PACK("type") + _PACK("batchAck") + _PACK("msgIds")
