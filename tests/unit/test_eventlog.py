@@ -99,7 +99,53 @@ def test_schema_types():
     assert {f.name: f.type for f in SCHEMA} == {
         name: pa.int64() if name in int64 else pa.string() for name in COLUMNS
     }
-    assert all(f.nullable for f in SCHEMA)
+    # what the log fills itself is never null: a file holds those columns as required
+    assert {f.name for f in SCHEMA if not f.nullable} == {
+        "ts_ns", "dialect", "direction", "gateway", "connection", "origin", "msg_seq", "bytes", "outcome"}
+
+
+def test_a_file_holds_the_columns_the_log_always_fills_as_required(log, events_dir):
+    """Parquet's own schema of a file: required (no definition levels, no validity bits) where the
+    log always sets a value, optional elsewhere; records of each kind in one flush."""
+    log.ingress(T0, meta(seq=1), "m-1", 10, 1)
+    log.delivered(T0 + 5, meta(seq=1), 10, (2, 3))
+    log.rejected(T0 + 6, meta(seq=2, kind=None, topic=None), None, 4, 1, "bad_request")
+    log.dropped(T0 + 7, meta(seq=1), 10, 4, "slow_consumer")
+    written(log)
+    [path] = files_under(events_dir)
+    parquet = pq.ParquetFile(events_dir / path).schema
+    repetition = {parquet.column(i).name: parquet.column(i).max_definition_level for i in range(len(COLUMNS))}
+    assert repetition == {name: 0 if name in eventlog.NEVER_NULL else 1 for name in COLUMNS}
+    assert pq.read_schema(events_dir / path).equals(SCHEMA)
+    assert len(read_rows(events_dir)) == 5
+
+
+def test_a_null_where_the_log_always_sets_a_value_is_written_not_lost(log, events_dir, caplog):
+    """Should a record come with a null in a column the log holds as required (a bug elsewhere),
+    its flush is written whole, every column nullable, and a warning says so."""
+    log.ingress(T0, meta(seq=1), None, 10, 1)
+    log.dropped(T0 + 5, meta(seq=1), 10, None, "no_route")  # no connection: not a path the router has
+    with caplog.at_level(logging.WARNING, logger="router.eventlog"):
+        written(log)
+    [path] = files_under(events_dir)
+    assert pq.read_schema(events_dir / path).equals(eventlog._NULLABLE_SCHEMA)
+    assert [(r["outcome"], r["connection"]) for r in read_rows(events_dir)] == [("accepted", 1), ("dropped", None)]
+    assert "written with every column nullable" in caplog.text
+
+
+def test_stream_fields_of_one_value_and_of_several_in_one_flush(log, events_dir):
+    """A flush whose records share a dialect and an origin but not a kind or a topic (one None):
+    each row keeps its record's values, the groups' rows too."""
+    log.ingress(T0, meta(seq=1, kind="Publish", topic="a"), None, 1, 1)
+    log.ingress(T0 + 1, meta(seq=2, kind="Auth", topic=None), None, 1, 1)
+    log.delivered(T0 + 2, meta(seq=1, kind="Publish", topic="a"), 1, (5, 6))
+    log.delivered(T0 + 3, meta(seq=3, kind="Message", topic="b"), 1, (7,))
+    written(log)
+    rows = read_rows(events_dir)
+    assert [(r["ts_ns"] - T0, r["dialect"], r["origin"], r["kind"], r["topic"], r["connection"]) for r in rows] == [
+        (0, "signal", GATEWAY, "Publish", "a", 1), (1, "signal", GATEWAY, "Auth", None, 1),
+        (2, "signal", GATEWAY, "Publish", "a", 5), (2, "signal", GATEWAY, "Publish", "a", 6),
+        (3, "signal", GATEWAY, "Message", "b", 7)]
 
 
 def test_constructor_creates_the_directory(events_dir):
