@@ -16,6 +16,7 @@ caught up from the log with what this incarnation stamped after the last message
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from actors.nolag.actorstore import Actor, ActorStore, Change, open_actor_store
@@ -154,13 +155,14 @@ class NolagTopics(Component):
         without load-balance groups goes to every wildcard subscriber: those routes are kept until
         the topic's subscriptions change (a publish no longer walks its subscribers twice), and
         ``exclude`` (``echo: false``) is cut out of its gateway's tuple."""
-        plain = None if filter_ is not None else self.subscriptions.memo(key, lambda: self._plain_routes(key))
+        plain = None if filter_ is not None else self.subscriptions.memo(key, partial(self._plain_routes, key))
         if plain is None:  # filtered, or load-balance groups taking turns: walked each time
             return self._walk(key, filter_, None if exclude is None else (gateway_id, exclude))
-        routes, count = plain
+        routes, count, members = plain
         if exclude is not None:
-            ids = routes.get(gateway_id)
+            ids = members.get(gateway_id)  # a set: not a scan of the tuple at every publish
             if ids is not None and exclude in ids:
+                ids = routes[gateway_id]
                 at = ids.index(exclude)
                 routes = dict(routes)
                 rest = ids[:at] + ids[at + 1:]
@@ -171,10 +173,13 @@ class NolagTopics(Component):
                 count -= 1
         return routes, count
 
-    def _plain_routes(self, key: str) -> tuple[dict, int] | None:
-        """The routes of an unfiltered publish to ``key`` excluding nobody (None: the topic has
-        load-balance groups)."""
-        return None if self.subscriptions.has_groups(key) else self._walk(key, None, None)
+    def _plain_routes(self, key: str) -> tuple[dict, int, dict] | None:
+        """The routes of an unfiltered publish to ``key`` excluding nobody, their count and each
+        gateway's connections as a set (None: the topic has load-balance groups)."""
+        if self.subscriptions.has_groups(key):
+            return None
+        routes, count = self._walk(key, None, None)
+        return routes, count, {gateway_id: frozenset(ids) for gateway_id, ids in routes.items()}
 
     def _walk(self, key: str, filter_: str | None, exclude: Location | None) -> tuple[dict, int]:
         chosen = self.subscriptions.route(key, filter_, exclude)

@@ -59,6 +59,8 @@ def test_kept_routes_equal_the_walk_through_every_change(shard):
     kept = component._routes(KEY, None, "g", None)[0]
     assert component._routes(KEY, None, "g", None)[0] is kept  # kept, not walked again
     assert component._routes(KEY, None, "g", 2)[0] is not kept  # an exclusion never changes the kept ones
+    # a publisher that is no route (its subscription filtered, another gateway's id): the kept ones
+    assert component._routes(KEY, None, "g", 9)[0] is kept and component._routes(KEY, None, "h", 0)[0] is kept
     assert component._routes(KEY, None, "g", None) == ({"g": (0, 1, 2, 3, 4), "h": (7,)}, 6)
 
     subscribe(shard, "h", 8)
