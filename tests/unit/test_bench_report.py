@@ -471,3 +471,24 @@ def test_a_nolag_receiver_takes_a_reads_frames_at_once_as_it_would_one_by_one():
     assert got == receive([b"".join(binaries)], chunked=False)
     assert columns[-2:] == [1, 0] and one_by_one[-2:] == [0, 120]
     assert [i for ack in got[3] for i in ack] == many_ids  # the lure's id is not read
+
+
+def test_a_nutshell_mint_that_does_not_start_is_skipped_with_its_last_line(tmp_path, monkeypatch):
+    """A peer the user installs: a mint that exits at start (here as a venv with an incompatible
+    marshmallow did) is Unavailable, with its last line, so `router bench all` skips it and goes
+    on; it raised a RuntimeError that ended the whole run, minutes in."""
+    from router.bench.dialects.cashu import NUTSHELL_ENV, NutshellSystem
+    from router.bench.systems import Unavailable
+
+    mint = tmp_path / "mint"
+    mint.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
+                    "echo \"AttributeError: module 'marshmallow' has no attribute '__version_info__'\"\nexit 3\n")
+    mint.chmod(0o755)
+    monkeypatch.setenv(NUTSHELL_ENV, str(mint))
+    system = NutshellSystem(None)
+    with pytest.raises(Unavailable) as failure:
+        system.start()
+    assert str(failure.value) == (
+        "the Nutshell mint did not start (exit status 3: AttributeError: module 'marshmallow' has no attribute "
+        "'__version_info__'); its venv needs cashu 'marshmallow<4' 'limits<4'")
+    assert system.process is None or system.process.poll() is not None

@@ -522,9 +522,15 @@ class NutshellSystem(SubprocessSystem):
                     return
             except (OSError, ValueError):
                 if time.monotonic() > deadline or self.process.poll() is not None:
-                    tail = Path(self.directory, "mint.log").read_bytes()[-2000:].decode(errors="replace")
+                    # A peer the user installs: one that will not start is skipped with its last
+                    # word, and the run goes on (it ended the whole run, minutes in, before).
+                    lines = Path(self.directory, "mint.log").read_bytes().decode(errors="replace").splitlines()
+                    last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+                    exited = self.process.poll()
+                    why = "no answer in 60 s" if exited is None else f"exit status {exited}"
                     self.stop()
-                    raise RuntimeError(f"the Nutshell mint did not start: {tail}")
+                    raise Unavailable(f"the Nutshell mint did not start ({why}: {last[:300]}); "
+                                      f"its venv needs cashu 'marshmallow<4' 'limits<4'")
                 time.sleep(0.2)
 
     @property
