@@ -571,7 +571,7 @@ class EventLog:
             values: dict[str, int] = {}
             numbers = np.array([-1 if stream[position] is None else values.setdefault(stream[position], len(values))
                                 for stream in streams], dtype=np.int32)
-            if len(values) == 1 and numbers[0] == 0 and (numbers == 0).all():  # one value (a dialect, an origin)
+            if len(values) == 1 and not numbers.any():  # one value and no None (a dialect, an origin)
                 return _constant(next(iter(values)), total)
             indices = per_row(numbers[codes])  # each record's, then its rows' (not a lookup per row)
             missing = indices < 0

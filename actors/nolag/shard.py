@@ -160,8 +160,8 @@ class NolagTopics(Component):
             return self._walk(key, filter_, None if exclude is None else (gateway_id, exclude))
         routes, count, members = plain
         if exclude is not None:
-            ids = members.get(gateway_id)  # a set: not a scan of the tuple at every publish
-            if ids is not None and exclude in ids:
+            present = members.get(gateway_id)  # a set: not a scan of the tuple at every publish
+            if present is not None and exclude in present:
                 ids = routes[gateway_id]
                 at = ids.index(exclude)
                 routes = dict(routes)
