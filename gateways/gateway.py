@@ -325,7 +325,7 @@ class Gateway:
             metrics.messages_in[dialect] += 1
             metrics.bytes_in[dialect] += nbytes
         events = self.events
-        if events is not None and events.sampled(seq):
+        if events is not None and (events.sample_every == 1 or events.sampled(seq)):
             events.ingress(ingress_ns, meta, None if protocol_id is None else str(protocol_id), nbytes, connection_id)
 
     def rejected(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int, reason: str) -> None:

@@ -509,7 +509,7 @@ class Connection(asyncio.Protocol):
         return position
 
     def _message(self, data: bytes, is_text: bool) -> None:
-        if is_text:
+        if is_text and not data.isascii():  # ASCII is valid UTF-8: only other text is decoded to check it
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError:
@@ -520,7 +520,7 @@ class Connection(asyncio.Protocol):
         session = self.session
         if session is not None:
             try:
-                session.on_message(bytes(data), is_text)
+                session.on_message(data if type(data) is bytes else bytes(data), is_text)
             except Exception:
                 logger.exception("connection %s: dialect failed on a message", self.id)
                 self.close(1011, "internal error")

@@ -172,7 +172,9 @@ class SignalSession(DialectSession):
                 error.reply_to = request.sender
             self._refuse(error, request, len(data))
             return
-        self.gateway.accepted(self._meta(request.type), request.reply_id, len(data), self.wire.id)
+        meta = self._current_meta  # the handler's, when it built one
+        self.gateway.accepted(self._meta(request.type) if meta is None else meta, request.reply_id, len(data),
+                              self.wire.id)
 
     def _meta(self, kind: str | None) -> tuple:
         """Where and when the current message entered: travels with its deliveries (event log, latency).
@@ -225,11 +227,12 @@ class SignalSession(DialectSession):
                 raise SignalError(codec.MESSAGE_EXPIRED, "Message TTL exceeded before it reached the hub",
                                   {"timestamp": request.timestamp, "ttl": request.ttl, "serverTime": now},
                                   request.reply_id, request.sender)
-        if request.type == "hub:connect":
+        kind = request.type
+        if kind == "hub:connect":
             return
-        if not self.connected:
+        if self.session_id is None:  # not connected (the property, without its call: every message asks)
             raise SignalError(codec.UNAUTHORIZED, "Send hub:connect first", None, request.reply_id, request.sender)
-        if request.type == "hub:disconnect":
+        if kind == "hub:disconnect":
             return
         if self.token_expires_ms is not None and now_ms() >= self.token_expires_ms:
             raise SignalError(codec.UNAUTHORIZED, "JWT expired; reconnect with a fresh token",
@@ -237,7 +240,7 @@ class SignalSession(DialectSession):
         if self.dialect.verifier is not None and request.sender != self.identity:
             raise SignalError(codec.UNAUTHORIZED, f"'from' must be the authenticated actor {self.identity}",
                               {"actorId": self.identity, "from": request.sender}, request.reply_id, request.sender)
-        needed = REQUIRED_CAPABILITY.get(request.type)
+        needed = REQUIRED_CAPABILITY.get(kind)
         if needed is not None and needed not in self.capabilities:
             raise SignalError(codec.UNAUTHORIZED, f"Missing capability '{needed}' for {request.type}",
                               {"required": needed, "capabilities": sorted(self.capabilities)},
@@ -614,10 +617,11 @@ class SignalSession(DialectSession):
                   settle)
 
     def _publish(self, request: Request) -> None:
-        topic = self._topic_of(request)
-        route = self._routes.get(topic)
+        # A kept route's topic passed the topic's checks when it was kept: one lookup instead.
+        topic = request.payload.get("topic")
+        route = self._routes.get(topic) if type(topic) is str else None
         if route is None:
-            route = self._route(topic)
+            route = self._route(self._topic_of(request))
         topic, key, link = route
         self._topic = topic  # the kept str: a batch to the shard pickles it once, its hash is kept
         self.shards.send(link, contract.publish(key, request.raw, DELIVER_TEXT, None, self._meta(request.type)),
