@@ -151,3 +151,26 @@ def test_kept_routes_and_ack_starts_stay_bounded_and_right_past_their_bound():
     got = sorted((frame["payload"]["topic"], frame["payload"]["subscriberCount"])
                  for frame in map(orjson.loads, wire.frames))
     assert got == sorted((topic, 1) for topic in topics * 2)
+
+
+def test_kept_send_links_stay_bounded_and_each_send_goes_to_its_targets_registry_shard():
+    """hub:send keeps each target's registry shard link per connection, as publishes keep routes."""
+    gateway, wire, session = connected()
+    targets = [f"rt/target-{n}" for n in range(ROUTES_MAX + 5)]
+
+    def send(target: str) -> None:
+        session.on_message(orjson.dumps({"type": "hub:send", "from": "rt/pub", "to": target, "payload": {"b": 1}}),
+                           True)
+
+    for target in targets:
+        send(target)
+        assert len(session._targets) <= ROUTES_MAX
+    assert gateway.shards.linked == len(targets)
+    send(targets[-1])  # kept since the cache was emptied at its bound
+    assert gateway.shards.linked == len(targets)
+    send(targets[0])  # emptied away: looked up again
+    assert gateway.shards.linked == len(targets) + 1
+    sent = [(link.index, command[1]) for link in gateway.shards.links["registry"] for command, _ in link.sent]
+    assert sorted(target for _, target in sent) == sorted(targets + [targets[-1], targets[0]])
+    assert all(index == shard_index(target, 2) for index, target in sent)
+    assert wire.frames == [] and gateway.refused == []
