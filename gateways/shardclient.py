@@ -360,19 +360,21 @@ class ShardClient:
                 self.pending -= batch.size - batch.expired
                 writes = self.writes if batch.bundle is not None else None
                 mark = writes.corked_count() if writes is not None else 0
-                retry = None
-                for index, (callback, result) in enumerate(zip(batch.callbacks, results)):
-                    if result is not None and result.__class__ is CommandError and result.code == contract.HEALING:
-                        if callback is not None or batch.timeouts[index] is not None:
-                            retry = retry or []
-                            retry.append(index)
+                healing = False
+                for callback, result in zip(batch.callbacks, results):
+                    if result.__class__ is CommandError and result.code == contract.HEALING:
+                        healing = True  # retried below: the loop of every answer keeps no index
                     elif callback is not None:
                         try:
                             callback(result)
                         except Exception:
                             logger.exception("result callback failed")
-                if retry:
-                    self._retry(link, batch, retry)
+                if healing:
+                    retry = [index for index, (callback, result) in enumerate(zip(batch.callbacks, results))
+                             if result.__class__ is CommandError and result.code == contract.HEALING
+                             and (callback is not None or batch.timeouts[index] is not None)]
+                    if retry:
+                        self._retry(link, batch, retry)
                 if writes is not None:
                     writes.write_since(mark)
             if batch.bundle is not None:

@@ -713,7 +713,7 @@ class _Published:
 
     def __call__(self, result: Any) -> None:
         session, request = self.session, self.request
-        if isinstance(result, (CommandError, ShardUnavailable)):
+        if result.__class__ is not int and isinstance(result, (CommandError, ShardUnavailable)):  # a count is not
             session._fill_error(self.slot, request, session._shard_failure(result, request))
             return
         session._fill(self.slot, codec.delivery_ack(session._delivery_ack_head(request.sender, self.topic), result,
