@@ -515,6 +515,8 @@ class Connection(asyncio.Protocol):
         return position
 
     def _message(self, data: bytes, is_text: bool) -> None:
+        if type(data) is not bytes:  # a frame's data from websockets may be any bytes-like object
+            data = bytes(data)
         if is_text and not data.isascii():  # ASCII is valid UTF-8: only other text is decoded to check it
             try:
                 data.decode("utf-8")
@@ -526,7 +528,7 @@ class Connection(asyncio.Protocol):
         session = self.session
         if session is not None:
             try:
-                session.on_message(data if type(data) is bytes else bytes(data), is_text)
+                session.on_message(data, is_text)
             except Exception:
                 logger.exception("connection %s: dialect failed on a message", self.id)
                 self.close(1011, "internal error")

@@ -81,7 +81,7 @@ class Request:
 # few (a regex match is 300 ns, a lookup 70). Bounded: short ones only, emptied when full.
 _KNOWN: dict[str, str] = {}
 _KNOWN_MAX = 16384
-_KNOWN_LENGTH = 128
+KNOWN_ADDRESS_LENGTH = 128  # the longest address kept (here and by a session's hub:send links)
 
 
 def normalize_address(value: Any) -> str | None:
@@ -91,7 +91,7 @@ def normalize_address(value: Any) -> str | None:
     address = _KNOWN.get(value)
     if address is None:
         address = _canonical(value)
-        if address is not None and len(value) <= _KNOWN_LENGTH:
+        if address is not None and len(value) <= KNOWN_ADDRESS_LENGTH:
             if len(_KNOWN) >= _KNOWN_MAX:
                 _KNOWN.clear()
             _KNOWN[value] = address

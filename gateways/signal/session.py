@@ -569,10 +569,14 @@ class SignalSession(DialectSession):
     def _target_link(self, target: str) -> Any:
         """The registry shard's link for ``hub:send``s to ``target``, kept for the next one (a sender
         sends to a few addresses; hashing the address was 2 % of a point-to-point flood). Bounded
-        (:data:`ROUTES_MAX`) as the topics' routes are."""
-        if len(self._targets) >= ROUTES_MAX:
-            self._targets.clear()
-        link = self._targets[target] = self.shards.link(REGISTRY, target)
+        (:data:`ROUTES_MAX`) as the topics' routes are, and only for addresses of the length
+        ``codec.normalize_address`` keeps: an address has no length limit of its own, and a
+        connection must not hold 16 of them the size of a message."""
+        link = self.shards.link(REGISTRY, target)
+        if len(target) <= codec.KNOWN_ADDRESS_LENGTH:
+            if len(self._targets) >= ROUTES_MAX:
+                self._targets.clear()
+            self._targets[target] = link
         return link
 
     def _broadcast(self, request: Request) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import orjson
 
+from gateways.signal.codec import KNOWN_ADDRESS_LENGTH
 from gateways.signal.config import SignalHubConfig
 from gateways.signal.session import ACK_HEADS_MAX, ROUTES_MAX, SignalHubDialect
 from router.errors import CommandError, ShardUnavailable
@@ -174,3 +175,15 @@ def test_kept_send_links_stay_bounded_and_each_send_goes_to_its_targets_registry
     assert sorted(target for _, target in sent) == sorted(targets + [targets[-1], targets[0]])
     assert all(index == shard_index(target, 2) for index, target in sent)
     assert wire.frames == [] and gateway.refused == []
+
+
+def test_a_send_to_an_address_longer_than_the_kept_ones_is_routed_but_its_link_is_not_kept():
+    """An address has no length limit of its own: a connection keeps no link for a long one."""
+    gateway, wire, session = connected()
+    long_target = "rt/" + "a" * KNOWN_ADDRESS_LENGTH
+    for _ in range(2):
+        session.on_message(orjson.dumps({"type": "hub:send", "from": "rt/pub", "to": long_target,
+                                         "payload": {"b": 1}}), True)
+    assert session._targets == {} and gateway.shards.linked == 2
+    sent = [(link.index, command[1]) for link in gateway.shards.links["registry"] for command, _ in link.sent]
+    assert sent == [(shard_index(long_target, 2), long_target)] * 2 and wire.frames == []
