@@ -41,7 +41,7 @@ _EMPTY = b""  # a reply slot that ends without a frame
 # Per connection, for its publishes: (address, topic) pairs whose delivery-ack start it keeps, and
 # topics whose key and shard link it keeps; for its hub:sends, the addresses whose registry shard
 # link it keeps. A client uses a few; at 16 a connection keeps at most about 20 KB for the first two
-# with topics of max_topic_length (256) characters, and 4 KB for the third.
+# with topics of max_topic_length (256) characters, and about 3 KB for the third.
 ACK_HEADS_MAX = 16
 ROUTES_MAX = 16
 
@@ -563,8 +563,8 @@ class SignalSession(DialectSession):
         link = self._targets.get(target)
         if link is None:
             link = self._target_link(target)
-        self.shards.send(link, signal.send(target, request.raw, DELIVER_TEXT, meta), _Sent(self, slot, request, meta,
-                                                                                            target))
+        self.shards.send(link, signal.send(target, request.raw, DELIVER_TEXT, meta),
+                         _Sent(self, slot, request, meta, target))
 
     def _target_link(self, target: str) -> Any:
         """The registry shard's link for ``hub:send``s to ``target``, kept for the next one (a sender
@@ -717,7 +717,7 @@ class _Published:
 
     def __call__(self, result: Any) -> None:
         session, request = self.session, self.request
-        if result.__class__ is not int and isinstance(result, (CommandError, ShardUnavailable)):  # a count is not
+        if result.__class__ is not int and isinstance(result, (CommandError, ShardUnavailable)):  # int: a count
             session._fill_error(self.slot, request, session._shard_failure(result, request))
             return
         session._fill(self.slot, codec.delivery_ack(session._delivery_ack_head(request.sender, self.topic), result,
