@@ -248,13 +248,7 @@ class Connection(asyncio.Protocol):
         return transport.get_write_buffer_size() + self._corked_bytes
 
     def send_text(self, payload: bytes) -> bool:
-        ws = self.ws
-        if ws is None or ws._state is not OPEN or self._paused or self.compressed:
-            return self._send(_TEXT, payload)
-        # What send_frame does with an open, unpaused, uncompressed connection, with one call
-        # instead of two: a session's replies come this way, one per request (a publish's ack).
-        self.cork_frames(frame_header(_TEXT, len(payload)) + payload)
-        return True
+        return self._send(_TEXT, payload)
 
     def send_binary(self, payload: bytes) -> bool:
         return self._send(_BINARY, payload)

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from router.nesting import MAX_NESTING, too_deep
+from router.nesting import MAX_NESTING, json_may_nest_deeper, too_deep
 
 ADDRESS_RE = re.compile(r"[a-z0-9-]+/[a-z0-9-]+")
 
@@ -114,25 +114,22 @@ def decode(data: bytes) -> Request:
         message = orjson.loads(data)
     except orjson.JSONDecodeError as error:
         raise invalid(f"Malformed JSON: {error.msg}", "parse_error") from None
-    if type(message) is not dict and not isinstance(message, dict):
+    if not isinstance(message, dict):
         raise invalid("A message must be a JSON object")
 
     reply_id = message.get("correlationId")
     if reply_id is None:
         reply_id = message.get("id")
-    if reply_id is not None and not (type(reply_id) is str and len(reply_id) <= 256) and not _is_number(reply_id):
+    if reply_id is not None and not (isinstance(reply_id, str) and len(reply_id) <= 256) and not _is_number(reply_id):
         reply_id = None
 
-    # An address seen valid is one lookup (normalize_address's own first step, without its call).
     raw_sender = message.get("from")
-    sender = _KNOWN.get(raw_sender) if type(raw_sender) is str else None
-    if sender is None:
-        sender = normalize_address(raw_sender)
+    sender = normalize_address(raw_sender)
     kind = message.get("type")
-    known = _MESSAGE_TYPE.get(kind) if type(kind) is str else None
-    if known is None and not isinstance(kind, str):
+    if not isinstance(kind, str):
         raise SignalError(INTERNAL_ERROR, "Message 'type' must be a string", {"reason": "invalid_message"},
                           reply_id, sender)
+    known = _MESSAGE_TYPE.get(kind)
     if known is None:
         raise SignalError(INTERNAL_ERROR, f"Unknown message type: {kind[:64]}",
                           {"reason": "unknown_type", "type": kind[:64]}, reply_id, sender)
@@ -143,20 +140,17 @@ def decode(data: bytes) -> Request:
     raw_to = message.get("to")
     to = None
     if raw_to is not None:
-        to = _KNOWN.get(raw_to) if type(raw_to) is str else None
-        if to is None:
-            to = normalize_address(raw_to)
+        to = normalize_address(raw_to)
         if to is None:
             raise SignalError(INTERNAL_ERROR, "'to' must be an address matching ^[a-z0-9-]+/[a-z0-9-]+$",
                               {"reason": "invalid_address", "field": "to"}, reply_id, sender)
     payload = message.get("payload")
     if payload is None:
         payload = {}
-    elif type(payload) is not dict and not isinstance(payload, dict):
+    elif not isinstance(payload, dict):
         raise SignalError(INTERNAL_ERROR, "'payload' must be a JSON object",
                           {"reason": "invalid_message", "field": "payload"}, reply_id, sender)
-    # the whole envelope (messages are relayed as they were sent); json_may_nest_deeper of bytes, inline
-    if len(data) - len(data.translate(None, b"{[")) > MAX_NESTING and too_deep(message):
+    if json_may_nest_deeper(data) and too_deep(message):  # the whole envelope: messages are relayed as they were sent
         raise SignalError(INTERNAL_ERROR, f"A message may nest at most {MAX_NESTING} levels",
                           {"reason": "too_deep"}, reply_id, sender)
     timestamp = message.get("timestamp")
