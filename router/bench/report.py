@@ -52,6 +52,11 @@ def cpu_percent(cpu_seconds: float, wall_seconds: float) -> float:
     return round(100 * cpu_seconds / wall_seconds, 1) if wall_seconds > 0 else 0.0
 
 
+# A ratio is kept to 6 decimals: the tables round it to 2 once (kept to 3, 23.0054 was rounded to
+# 23.005 and shown as 23.00).
+_RATIO_DIGITS = 6
+
+
 def add_ratios(rows: list[dict[str, Any]], baseline: str = "raw") -> list[dict[str, Any]]:
     """Each row's value over the baseline's in the same scenario and case (``None`` without one);
     and a router dialect's row over the same router's Signal Hub row of its ``compare`` case
@@ -61,10 +66,11 @@ def add_ratios(rows: list[dict[str, Any]], baseline: str = "raw") -> list[dict[s
               if r.get("dialect") == "signal" and r.get("value")}
     for row in rows:
         base = reference.get((row["scenario"], row["case"]))
-        row["ratio_to_raw"] = round(row["value"] / base, 3) if base and row.get("value") is not None else None
+        row["ratio_to_raw"] = round(row["value"] / base, _RATIO_DIGITS) if base and row.get("value") is not None else None
         if row.get("dialect") not in (None, "-", "signal"):
             core = signal.get((row["scenario"], row.get("compare") or row["case"], row["system"]))
-            row["ratio_to_signal"] = round(row["value"] / core, 3) if core and row.get("value") is not None else None
+            row["ratio_to_signal"] = (round(row["value"] / core, _RATIO_DIGITS) if core and row.get("value") is not None
+                                      else None)
     return rows
 
 

@@ -72,6 +72,22 @@ def test_a_dialect_is_set_against_signal_hub_on_the_same_router_and_its_compare_
     assert "0.75" in format_table([{**row, "metric": "deliveries/s"} for row in rows]).splitlines()[5]
 
 
+def test_a_ratio_is_shown_rounded_once_from_the_values():
+    """The tables show two decimals of the ratio itself: a ratio kept to three decimals and rounded
+    again showed 4,235,451 / 184,108 = 23.0054 as 23.00, 431,097 / 528,882 = 0.8151 as 0.81 and
+    2.059 / 2.379 = 0.8655 as 0.86 (the full run of 2026-12-04)."""
+    rows = [{"scenario": "topics", "case": "t", "dialect": "-", "system": "raw", "value": 184_108},
+            {"scenario": "topics", "case": "t", "dialect": "-", "system": "redis", "value": 4_235_451},
+            {"scenario": "topics", "case": "t", "dialect": "signal", "system": "router", "value": 528_882},
+            {"scenario": "topics", "case": "t", "dialect": "nolag", "system": "router", "value": 431_097},
+            {"scenario": "latency", "case": "l", "dialect": "-", "system": "raw", "value": 2.379},
+            {"scenario": "latency", "case": "l", "dialect": "-", "system": "redis", "value": 2.059}]
+    add_ratios(rows)
+    table = markdown_table([{**row, "metric": "m"} for row in rows]).splitlines()[2:]
+    assert [line.split(" | ")[6:8] for line in table] == [
+        ["1.00", "-"], ["23.01", "-"], ["2.87", "-"], ["2.34", "0.82"], ["1.00", "-"], ["0.87", "-"]]
+
+
 def test_cpu_percent():
     assert cpu_percent(1.5, 2.0) == 75.0
     assert cpu_percent(1.0, 0) == 0.0
