@@ -52,9 +52,10 @@ def cpu_percent(cpu_seconds: float, wall_seconds: float) -> float:
     return round(100 * cpu_seconds / wall_seconds, 1) if wall_seconds > 0 else 0.0
 
 
-# A ratio is kept to 6 decimals: the tables round it to 2 once (kept to 3, 23.0054 was rounded to
-# 23.005 and shown as 23.00).
-_RATIO_DIGITS = 6
+def _over(value: Any, base: Any) -> float | None:
+    """``value / base`` kept to 6 decimals, so that the tables round it to 2 once (kept to 3,
+    23.0054 was rounded to 23.005 and shown as 23.00); ``None`` without both."""
+    return round(value / base, 6) if base and value is not None else None
 
 
 def add_ratios(rows: list[dict[str, Any]], baseline: str = "raw") -> list[dict[str, Any]]:
@@ -66,11 +67,10 @@ def add_ratios(rows: list[dict[str, Any]], baseline: str = "raw") -> list[dict[s
               if r.get("dialect") == "signal" and r.get("value")}
     for row in rows:
         base = reference.get((row["scenario"], row["case"]))
-        row["ratio_to_raw"] = round(row["value"] / base, _RATIO_DIGITS) if base and row.get("value") is not None else None
+        row["ratio_to_raw"] = _over(row.get("value"), base)
         if row.get("dialect") not in (None, "-", "signal"):
             core = signal.get((row["scenario"], row.get("compare") or row["case"], row["system"]))
-            row["ratio_to_signal"] = (round(row["value"] / core, _RATIO_DIGITS) if core and row.get("value") is not None
-                                      else None)
+            row["ratio_to_signal"] = _over(row.get("value"), core)
     return rows
 
 
