@@ -44,7 +44,7 @@ class EventLogWriter:
     def ready(self) -> bool:
         return True
 
-    def write_flush(self, packed: Flush, row_slices: list[bytes]) -> tuple[int, int]:
+    def write_flush(self, packed: Flush, row_slices: list[bytes]) -> tuple[int, int, int]:
         """A gateway's flush: its packed records, and its rejections and drops as pickled slices."""
         rows = unpickle_slices(row_slices)
         written = self.log.write(rows, packed)

@@ -173,13 +173,13 @@ class Gateway:
 
     async def flush_events(self) -> int:
         """Write the buffered event-log records now, and wait for the writes already under way (a
-        periodic flush's); returns the rows written so far."""
+        periodic flush's); returns the events written so far."""
         if self.events is None:
             return 0
         pending = self.events.flush_all()
         if pending is not None:
             await asyncio.wrap_future(pending)
-        return self.events.rows_written
+        return self.events.events_written
 
     async def stop(self, timeout: float = 3.0) -> None:
         """Stop accepting, close every WebSocket with 1001, and wait for them to go."""
@@ -648,7 +648,8 @@ class Gateway:
             "pid": os.getpid(),
             "gc_collections": [generation["collections"] for generation in gc.get_stats()],
             "event_log": None if self.events is None else {
-                "rows_written": self.events.rows_written, "files_written": self.events.files_written,
+                "rows_written": self.events.rows_written, "events_written": self.events.events_written,
+                "files_written": self.events.files_written,
                 "rejected_unlogged": self.events.rejected_unlogged, "records_dropped": self.events.records_dropped,
                 "write_cpu_s": round(self.events.write_cpu_s, 3)},
         }

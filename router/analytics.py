@@ -25,7 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from router.eventlog import COLUMNS, SCHEMA, Location, event_location, folder_hour
+from router.eventlog import COLUMNS, FILE_SCHEMA, Location, event_location, folder_hour
 
 logger = logging.getLogger(__name__)
 
@@ -269,15 +269,19 @@ def spark_session(
 
 
 def spark_schema() -> Any:
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    """How Spark reads the log's files: their columns (``connections`` a list of ids), and
+    ``connection``, which only files of the earlier layout (a row per delivery) hold."""
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
     kinds = {"int64": LongType(), "string": StringType()}
-    return StructType([StructField(f.name, kinds[str(f.type)], True) for f in SCHEMA])
+    fields = [StructField(f.name, ArrayType(LongType(), False) if f.name == "connections" else kinds[str(f.type)], True)
+              for f in FILE_SCHEMA]
+    return StructType(fields + [StructField("connection", LongType(), True)])
 
 
 def load_events(spark: Any, events_dir: str | Path, since_ns: int | None = None, until_ns: int | None = None) -> Any:
-    """The event log (a folder or a URL) as a Spark DataFrame (columns of :data:`router.eventlog.SCHEMA`),
-    time-filtered."""
+    """The event log (a folder or a URL) as a Spark DataFrame of its events (columns of
+    :data:`router.eventlog.SCHEMA`), time-filtered: a fan-out group's row is a row per connection."""
     from pyspark.sql import functions as F
 
     files = event_files(events_dir, since_ns, until_ns)
@@ -286,7 +290,10 @@ def load_events(spark: Any, events_dir: str | Path, since_ns: int | None = None,
         frame = frame.filter(F.col("ts_ns") >= since_ns)
     if until_ns is not None:
         frame = frame.filter(F.col("ts_ns") <= until_ns)
-    return frame.select(*COLUMNS)
+    # A row of the earlier layout has its one connection; a row whose connection was not recorded
+    # is still one event.
+    ids = F.coalesce(F.col("connections"), F.array(F.col("connection")))
+    return frame.withColumn("connection", F.explode_outer(ids)).select(*COLUMNS)
 
 
 def compute_report(events: Any, window_s: float = 10, top: int = 10) -> dict[str, Any]:

@@ -7,10 +7,16 @@ the gateway id with the node's id keeps their names apart. Where renaming is ato
 file system, HDFS) a file is written under a dot-name and renamed; an object store shows an object only
 once its upload completed. Either way a reader never sees half a file.
 
+A file holds a row per message received, per refusal and per drop, and a row per *fan-out group*: a
+message delivered to several connections of a gateway at once is one row, whose ``connections`` lists
+them (:data:`FILE_SCHEMA`). :func:`read_events` (pyarrow) and ``router.analytics.load_events`` (Spark)
+give the log as :data:`SCHEMA` says, an event a row: a group's row becomes a row per connection.
+Files of the earlier layout, a row per delivery with one ``connection``, read the same.
+
 The hot path packs the two records of every message into preallocated chunks (bytearrays of fixed
-size, ``struct.pack_into``): one per message received (``ingress``) and one per *fan-out group* (a
-message delivered to several connections of a gateway is one record; their ids go to one array).
-A record's strings (origin, dialect, kind, topic) become a stream number, kept in a table per flush.
+size, ``struct.pack_into``): one per message received (``ingress``) and one per fan-out group (its
+connection ids go to one array). A record's strings (origin, dialect, kind, topic) become a stream
+number, kept in a table per flush.
 So a message leaves no Python object behind it until the flush, and the chunks go back to a pool
 once written: allocating a tuple per record, and freeing them all at each flush, had Python hand
 its memory arenas back to the system and fault them in again (0.19 page faults a message in a
@@ -55,7 +61,7 @@ logger = logging.getLogger(__name__)
 # The columns the log fills itself, never null: a file holds them as required. A nullable column
 # costs its definition levels and validity bits at every row, which were about a fifth of a
 # flush's write (a flush of fan-out rows S=100: 107 -> 84 ns a row).
-NEVER_NULL = frozenset(("ts_ns", "dialect", "direction", "gateway", "connection", "origin", "msg_seq", "bytes",
+NEVER_NULL = frozenset(("ts_ns", "dialect", "direction", "gateway", "connections", "origin", "msg_seq", "bytes",
                         "outcome"))
 _FIELDS = (
     ("ts_ns", pa.int64()),  # when the router saw it (UTC epoch ns)
@@ -73,19 +79,30 @@ _FIELDS = (
     ("outcome", pa.string()),  # accepted, delivered, rejected, dropped
     ("reason", pa.string()),  # for rejected/dropped: rate_limited, slow_consumer, ...
 )
-SCHEMA = pa.schema([pa.field(name, type_, nullable=name not in NEVER_NULL) for name, type_ in _FIELDS])
+# The log as its readers see it (read_events, analytics.load_events): an event a row.
+_EVENT_NEVER_NULL = NEVER_NULL - {"connections"} | {"connection"}
+SCHEMA = pa.schema([pa.field(name, type_, nullable=name not in _EVENT_NEVER_NULL) for name, type_ in _FIELDS])
+COLUMNS = SCHEMA.names
+_EVENTS_NULLABLE = pa.schema([field.with_nullable(True) for field in SCHEMA])  # a flush written with a null in them
+# As a file holds it: ``connection`` is ``connections``, the ids of a fan-out group's row (one for
+# the other rows). Groups of 100 written as 100 rows each cost the writer 125 ns a delivery, as one
+# row with a list of 100 ids 34 (docs/performance.md §7, nineteenth pass).
+CONNECTIONS = pa.list_(pa.field("element", pa.int64(), nullable=False))
+FILE_SCHEMA = pa.schema([pa.field("connections", CONNECTIONS, nullable=False) if name == "connection"
+                         else pa.field(name, type_, nullable=name not in NEVER_NULL) for name, type_ in _FIELDS])
+# How read_events reads a folder of files of either layout: a column a file lacks is null.
+_READ_SCHEMA = pa.schema([field.with_nullable(True) for field in FILE_SCHEMA] + [pa.field("connection", pa.int64())])
 # What a file is written with should one of the NEVER_NULL columns hold a null after all (a record
 # from a path that sets none, a bug): every column nullable, so the flush is still written whole.
-_NULLABLE_SCHEMA = pa.schema([field.with_nullable(True) for field in SCHEMA])
-COLUMNS = SCHEMA.names
+_NULLABLE_SCHEMA = pa.schema([field.with_nullable(True) for field in FILE_SCHEMA])
 # A flush's table as it is built: the columns of few distinct values (a stream's fields, the
 # constants) as dictionaries, whose indices repeat a handful of strings, instead of a string per row
 # (sorting a table of those moved every string; Parquet hashed every one to build the dictionary it
-# stores a string column as). The files hold plain strings, as SCHEMA says (written without the
+# stores a string column as). The files hold plain strings, as FILE_SCHEMA says (written without the
 # Arrow schema, a reader takes the column's Parquet type: a string).
 _DICTIONARY = pa.dictionary(pa.int32(), pa.string())
 _CODED = frozenset(("dialect", "direction", "kind", "topic", "gateway", "origin", "outcome"))
-_BUILD_SCHEMA = pa.schema([field.with_type(_DICTIONARY) if field.name in _CODED else field for field in SCHEMA])
+_BUILD_SCHEMA = pa.schema([field.with_type(_DICTIONARY) if field.name in _CODED else field for field in FILE_SCHEMA])
 _BUILD_NULLABLE = pa.schema([field.with_nullable(True) for field in _BUILD_SCHEMA])
 # How a file is written: zstd; without the Arrow schema (above); min/max statistics for the columns
 # that are not coded (the coded ones' took a third of the write: a reader filters them by the
@@ -95,9 +112,12 @@ _BUILD_NULLABLE = pa.schema([field.with_nullable(True) for field in _BUILD_SCHEM
 # time and space (a flush of S=1 rows 158 -> 126 ns and 7.3 -> 5.5 bytes a row, of fan-out rows
 # S=100 62 -> 56 ns and 0.47 -> 0.30 bytes).
 _PLAIN = frozenset(("ts_ns", "msg_seq", "protocol_id", "latency_ns"))
+# A list column is named by its leaf (``connections.list.element``); its ids repeat from group to
+# group (a topic's subscribers), so it has a dictionary and no statistics (nothing filters on them).
+_LEAF = {"connections": "connections.list.element"}
 _PARQUET = {"compression": "zstd", "store_schema": False,
-            "write_statistics": [field.name for field in SCHEMA if field.name not in _CODED],
-            "use_dictionary": [field.name for field in SCHEMA if field.name not in _PLAIN]}
+            "write_statistics": [field.name for field in FILE_SCHEMA if field.name not in _CODED | {"connections"}],
+            "use_dictionary": [_LEAF.get(field.name, field.name) for field in FILE_SCHEMA if field.name not in _PLAIN]}
 
 Meta = tuple  # router.contract.EventMeta: (origin gateway, msg_seq, ingress ts_ns, dialect, kind, topic)
 
@@ -282,7 +302,8 @@ class EventLog:
         self.records_dropped = 0  # records of flushes dropped because the writer was behind
         self._last_retention = 0.0
         self._files = itertools.count()
-        self.rows_written = 0
+        self.rows_written = 0  # rows in the files (a fan-out group is one)
+        self.events_written = 0  # the events they hold: a message in, a delivery, a refusal, a drop
         self.files_written = 0
         self.write_cpu_s = 0.0  # CPU time this process spent writing (converting, or handing to `remote`)
         # Opened where the files are written: with a `remote`, that is the writer's process.
@@ -490,7 +511,7 @@ class EventLog:
                 # small tuples. In slices, letting go of the GIL between them: one pickle call over
                 # many held it for milliseconds, which the event loop saw as a latency tail.
                 call = self._remote.write_flush.remote(_for_transfer(packed), _pickled_slices(rows, PICKLE_SLICE))
-                self.rows_written, self.files_written = _ray_get(call)
+                self.rows_written, self.events_written, self.files_written = _ray_get(call)
             else:
                 self.write(rows, packed)
         except Exception:
@@ -500,8 +521,8 @@ class EventLog:
             self.write_cpu_s += time.thread_time() - started
             self._finished += weight
 
-    def write(self, rows: list[tuple], packed: Flush | None = None) -> tuple[int, int]:
-        """Convert a flush's records and write them; returns (rows written, files written) so far."""
+    def write(self, rows: list[tuple], packed: Flush | None = None) -> tuple[int, int, int]:
+        """Convert a flush's records and write them; returns (rows, events, files) written so far."""
         parts = []
         if rows:
             parts.append(self._rows_table(rows))
@@ -511,7 +532,7 @@ class EventLog:
         if parts:
             self._write_partitions(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
         self._apply_retention()
-        return self.rows_written, self.files_written
+        return self.rows_written, self.events_written, self.files_written
 
     def _rows_table(self, rows: list[tuple]) -> pa.Table:
         """Rejection and drop records: rejections are "in", drops "out" (with latency)."""
@@ -525,10 +546,9 @@ class EventLog:
 
     def _packed_table(self, packed: Flush) -> pa.Table:
         """The rows of a flush's packed records, in timestamp order: an accepted message's "in"
-        row, and a fan-out group's "out" row per connection. The records are sorted (stably, the
-        accepted messages first, as their rows come first in the log) and then expanded: a group's
-        rows share its timestamp, so the rows are in order without sorting them (a sort of the rows
-        moved every column of every delivery). Each field is read straight from the chunks."""
+        row, and a fan-out group's "out" row with its connections. The records are sorted
+        (stably, the accepted messages first, as their rows come first in the log) only when they
+        are out of order. Each field is read straight from the chunks."""
         ingress = _views(packed.ingress, packed.ingress_end, _INGRESS_DTYPE)
         groups = _views(packed.groups, packed.groups_end, _GROUP_DTYPE)
 
@@ -540,28 +560,23 @@ class EventLog:
 
         accepted = sum(len(view) for view in ingress)
         group_counts = of_groups("count")
-        counts = np.concatenate((np.ones(accepted, dtype=np.int64), group_counts))
+        delivered = len(group_counts)
+        total = accepted + delivered
         ts = both("ts_ns")
         order = None
-        if len(ts) > 1 and not (ts[1:] >= ts[:-1]).all():
+        if total > 1 and not (ts[1:] >= ts[:-1]).all():
             order = np.argsort(ts, kind="stable")
-        counts_now = counts if order is None else counts[order]
-        single = bool((group_counts == 1).all())  # a row per record (S=1, point to point): nothing to expand
 
-        def per_row(values: np.ndarray) -> np.ndarray:  # a value per record -> a value per row, in order
-            if order is not None:
-                values = values[order]
-            return values if single else np.repeat(values, counts_now)
+        def ordered(values: np.ndarray) -> np.ndarray:  # a value per record, in the rows' order
+            return values if order is None else values[order]
 
-        total = int(counts.sum())
-        delivered = total - accepted  # the rows of groups
         out_rows = None
         if accepted and delivered:
-            out_rows = per_row(np.concatenate((np.zeros(accepted, dtype=bool), np.ones(len(group_counts), dtype=bool))))
+            out_rows = ordered(np.concatenate((np.zeros(accepted, dtype=bool), np.ones(delivered, dtype=bool))))
         if not delivered:
             latency = pa.nulls(total, pa.int64())
         else:
-            values = per_row(np.concatenate((np.zeros(accepted, dtype=np.int64),
+            values = ordered(np.concatenate((np.zeros(accepted, dtype=np.int64),
                                              of_groups("ts_ns") - of_groups("ingress_ns"))))
             latency = pa.array(values) if out_rows is None else _valid_where(values, out_rows)
         codes = both("stream")  # a record's stream
@@ -573,7 +588,7 @@ class EventLog:
                                 for stream in streams], dtype=np.int32)
             if len(values) == 1 and not numbers.any():  # one value and no None (a dialect, an origin)
                 return _constant(next(iter(values)), total)
-            indices = per_row(numbers[codes])  # each record's, then its rows' (not a lookup per row)
+            indices = ordered(numbers[codes])
             missing = indices < 0
             return pa.DictionaryArray.from_arrays(pa.array(indices, mask=missing if missing.any() else None),
                                                   pa.array(list(values), pa.string()))
@@ -584,31 +599,19 @@ class EventLog:
             return pa.DictionaryArray.from_arrays(pa.array(out_rows.view(np.int8).astype(np.int32)),
                                                   pa.array([inbound, outbound], pa.string()))
 
-        # A record's connection; a larger group's rows take theirs from Flush.ids (in the groups' order).
-        connection = both("connection")
-        if not single:
-            larger = np.repeat(counts != 1, counts)
-            connection = np.repeat(connection, counts)  # each record's rows, as recorded
-            connection[larger] = np.frombuffer(packed.ids, dtype=np.int64)
-            if order is not None:  # each record's rows, taken in the records' order
-                starts, starts_now = np.cumsum(counts) - counts, np.cumsum(counts_now) - counts_now
-                connection = connection[np.arange(total) + np.repeat(starts[order] - starts_now, counts_now)]
-        elif order is not None:
-            connection = connection[order]
-
         return pa.Table.from_arrays(
             [
-                pa.array(per_row(ts)),
+                pa.array(ordered(ts)),
                 stream_field(1),  # dialect
                 either("in", "out"),
                 stream_field(2),  # kind
                 stream_field(3),  # topic
                 _constant(self.gateway_id, total),
-                pa.array(connection),
+                _connections(both("connection"), group_counts, accepted, packed.ids, order),
                 stream_field(0),  # origin
-                pa.array(per_row(both("seq"))),  # msg_seq
-                self._protocol_id_column(packed, accepted, len(group_counts), per_row, total),
-                pa.array(per_row(both("bytes"))),
+                pa.array(ordered(both("seq"))),  # msg_seq
+                self._protocol_id_column(packed, accepted, delivered, ordered, total),
+                pa.array(ordered(both("bytes"))),
                 latency,
                 either("accepted", "delivered"),
                 pa.nulls(total, pa.string()),  # reason
@@ -617,7 +620,7 @@ class EventLog:
         )
 
     @staticmethod
-    def _protocol_id_column(packed: Flush, accepted: int, group_count: int, per_row: Callable,
+    def _protocol_id_column(packed: Flush, accepted: int, group_count: int, ordered: Callable,
                             total: int) -> pa.Array:
         """The protocol's id of each row: an accepted message's, or null."""
         values: list[str | None] = []
@@ -626,7 +629,7 @@ class EventLog:
         protocol_id = pa.array(values[:accepted], pa.string())
         if protocol_id.null_count == accepted:
             return pa.nulls(total, pa.string())
-        index = per_row(np.concatenate((np.arange(accepted, dtype=np.int64), np.full(group_count, -1, np.int64))))
+        index = ordered(np.concatenate((np.arange(accepted, dtype=np.int64), np.full(group_count, -1, np.int64))))
         if not group_count and (index[1:] > index[:-1]).all():
             return protocol_id
         return protocol_id.take(pa.array(index, mask=index < 0))
@@ -662,7 +665,7 @@ class EventLog:
                 coded("kind"),
                 coded("topic"),
                 _constant(self.gateway_id, len(connection)),
-                connection,
+                _one_each(connection),
                 coded("origin"),
                 meta_field("seq", pa.int64()),  # msg_seq
                 protocol_id,
@@ -677,7 +680,7 @@ class EventLog:
     def _write_partitions(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        file_schema = SCHEMA
+        file_schema = FILE_SCHEMA
         if any(table.column(name).null_count for name in NEVER_NULL):
             logger.warning("event log: a null where the log always sets a value; these %d rows are written "
                            "with every column nullable", table.num_rows)
@@ -703,6 +706,7 @@ class EventLog:
             else:
                 pq.write_table(_by_time(part), f"{folder}/{name}", filesystem=filesystem, **_PARQUET)
             self.rows_written += part.num_rows
+            self.events_written += _events(part)
             self.files_written += 1
 
     def _apply_retention(self) -> None:
@@ -732,6 +736,42 @@ class EventLog:
             self.location.filesystem.delete_dir(folder)
         except OSError:  # FileNotFoundError included: another writer pruned it first
             logger.debug("event log: could not delete %s", folder, exc_info=True)
+
+
+def read_events(source: Any, **dataset_options: Any) -> pa.Table:
+    """The events of log files (a path, a list of paths or a folder, as ``pyarrow.dataset`` takes them),
+    or of a table read from them, as :data:`SCHEMA` says: a fan-out group's row becomes a row per
+    connection, in the group's order. Rows of the earlier layout (one ``connection`` each) read as
+    they are, alone or beside new ones."""
+    import pyarrow.dataset as ds
+
+    if isinstance(source, pa.Table):
+        table = source
+    else:
+        table = ds.dataset(source, format="parquet", schema=_READ_SCHEMA, **dataset_options).to_table()
+    lists = table["connections"].combine_chunks() if "connections" in table.column_names else None
+    if lists is None:
+        lists = pa.nulls(table.num_rows, CONNECTIONS)
+    lengths = pc.list_value_length(lists).fill_null(1).to_numpy(zero_copy_only=False)
+    rows = pa.array(np.repeat(np.arange(len(lengths)), lengths))
+    flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+    empty = lists.is_null().to_numpy(zero_copy_only=False)
+    if not empty.any():
+        column = pa.array(flat, pa.int64())
+    else:  # a row of the earlier layout, or one whose connection was not recorded: one event
+        single = (table["connection"].combine_chunks() if "connection" in table.column_names
+                  else pa.nulls(table.num_rows, pa.int64()))
+        alone = single.filter(pa.array(empty))
+        at_empty = np.repeat(empty, lengths)
+        values = np.zeros(len(at_empty), dtype=np.int64)
+        values[~at_empty] = flat
+        values[at_empty] = alone.fill_null(0).to_numpy(zero_copy_only=False)
+        missing = np.zeros(len(at_empty), dtype=bool)
+        missing[at_empty] = alone.is_null().to_numpy(zero_copy_only=False)
+        column = pa.array(values, mask=missing if missing.any() else None)
+    columns = [column if name == "connection" else table[name].take(rows) for name in COLUMNS]
+    whole = all(not columns[COLUMNS.index(name)].null_count for name in _EVENT_NEVER_NULL)
+    return pa.Table.from_arrays(columns, schema=SCHEMA if whole else _EVENTS_NULLABLE)
 
 
 def folder_hour(date_folder: str, hour_folder: str) -> int | None:
@@ -791,6 +831,52 @@ def _views(chunks: list[bytearray], end: int, dtype: np.dtype) -> list[np.ndarra
     if chunks:
         views.append(np.frombuffer(chunks[-1], dtype=dtype, count=end // dtype.itemsize))
     return views
+
+
+def _events(table: pa.Table) -> int:
+    """The events of a table of rows: a row's connections, or one for a row of none recorded."""
+    return pc.sum(pc.list_value_length(table["connections"]).fill_null(1)).as_py() or 0
+
+
+def _connections(connection: np.ndarray, group_counts: np.ndarray, accepted: int, ids: Any,
+                 order: np.ndarray | None) -> pa.Array:
+    """The ``connections`` column: each record's ids, the records taken in ``order``. ``connection``
+    holds every record's own (the accepted messages', then the groups'), which a group of several
+    leaves 0: its ids are the next ones of ``ids`` (the groups' ids in their order)."""
+    lengths = np.concatenate((np.ones(accepted, dtype=np.int64), group_counts))
+    values = connection
+    if len(group_counts) and not (group_counts == 1).all():
+        values = np.repeat(connection, lengths)
+        values[np.repeat(lengths != 1, lengths)] = np.frombuffer(ids, dtype=np.int64)
+        if order is not None:  # each record's ids, taken in the records' order
+            starts = np.cumsum(lengths) - lengths
+            lengths = lengths[order]
+            starts_now = np.cumsum(lengths) - lengths
+            values = values[np.arange(len(values)) + np.repeat(starts[order] - starts_now, lengths)]
+    elif order is not None:
+        values = values[order]
+        lengths = lengths[order]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return _list_of(offsets, values)
+
+
+def _list_of(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    """A list array of ``values`` split at ``offsets``, of type :data:`CONNECTIONS`."""
+    if len(values) < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int64()),
+                                        type=CONNECTIONS)
+    raise ValueError(f"a flush of {len(values):,} connection ids: more than a list column holds")
+
+
+def _one_each(connection: pa.Array) -> pa.Array:
+    """``connection`` (int64) as the ``connections`` column: a list of one per row, null where it is."""
+    offsets = np.arange(len(connection) + 1, dtype=np.int64)
+    if not connection.null_count:
+        return _list_of(offsets, connection.to_numpy())
+    missing = connection.is_null().to_numpy(zero_copy_only=False)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), connection.fill_null(0), type=CONNECTIONS,
+                                    mask=pa.array(missing))
 
 
 def _valid_where(values: np.ndarray, valid: np.ndarray) -> pa.Array:

@@ -217,9 +217,10 @@ class RouterSystem(System):
         return ray.get([record.actor.stats.remote() for record in self.router.gateways], timeout=30)
 
     def event_log(self) -> tuple[int, int]:
-        """The gateways' event logs: rows written and records dropped (a writer that fell behind) so far."""
+        """The gateways' event logs: events written (a fan-out group's row counts each delivery)
+        and records dropped (a writer that fell behind) so far."""
         logs = [stats["event_log"] for stats in self._gateway_stats()]
-        return (sum(log["rows_written"] for log in logs if log), sum(log["records_dropped"] for log in logs if log))
+        return (sum(log["events_written"] for log in logs if log), sum(log["records_dropped"] for log in logs if log))
 
     def delivered(self) -> int:
         """Frames the gateways have written (their own count: a cross-check of the receivers')."""

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 from websockets.exceptions import ConnectionClosed
 
 from gateways.mx import codec
 from gateways.mx import node as mx_node
+from router.eventlog import read_events
 from router.localcluster import LocalCluster
 from tests.e2e.baqend_client import Events, Rest
 from tests.e2e.cashu_client import API_KEY, Wallet, mint_quote, push
@@ -161,12 +161,12 @@ def settled_status(cluster: Cluster, timeout_s: float = 30) -> dict[str, Any]:
 
 
 def event_rows(events: Path, topic: str) -> dict[tuple[str, str], int]:
-    """(gateway, direction) -> rows of ``topic`` in the shared event log (the files written so far)."""
+    """(gateway, direction) -> events of ``topic`` in the shared event log (the files written so far)."""
     counts: dict[tuple[str, str], int] = {}
     for path in events.glob("date=*/hour=*/*.parquet"):
         if path.name.startswith("."):
             continue
-        table = pq.read_table(path, columns=["topic", "gateway", "direction"]).to_pandas()
+        table = read_events(path).select(["topic", "gateway", "direction"]).to_pandas()  # an event a row
         for (gateway, direction), rows in table[table["topic"] == topic].groupby(["gateway", "direction"]).size().items():
             counts[gateway, direction] = counts.get((gateway, direction), 0) + int(rows)
     return counts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -160,12 +161,24 @@ def test_router_analytics_command_reports_exactly_what_was_sent(traffic, ray_run
         _valid_png(out / name)
 
 
-def test_report_as_a_library_returns_spark_dataframes(traffic):
+def test_report_as_a_library_returns_spark_dataframes(traffic, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from pyspark.sql import DataFrame
 
     from router.analytics import TABLES, compute_report, load_events, spark_session
+    from router.eventlog import SCHEMA, read_events
 
     running, ledger, events_dir = traffic
+    # The log beside a file of the earlier layout (a row per delivery, one `connection`), an hour before.
+    mixed = tmp_path / "mixed"
+    shutil.copytree(events_dir, mixed)
+    ours = read_events(mixed)
+    assert ours.num_rows == ledger.accepted + ledger.delivered + 2  # a rejection, a drop
+    first = min(ours["ts_ns"].to_pylist())
+    old = [{**ours.slice(0, 1).to_pylist()[0], "ts_ns": first - 1, "direction": "out", "outcome": "delivered",
+            "connection": c, "latency_ns": 1} for c in (-7, -8)]
+    pq.write_table(pa.Table.from_pylist(old, schema=SCHEMA), next(mixed.glob("date=*/hour=*")) / "old-0-0-2.parquet")
     copies = _jni_copies()
     with spark_session() as spark:
         events = load_events(spark, events_dir)
@@ -173,7 +186,12 @@ def test_report_as_a_library_returns_spark_dataframes(traffic):
         tables = compute_report(events, window_s=5)
         assert set(tables) == set(TABLES) and all(isinstance(t, DataFrame) for t in tables.values())
         frames = {name: table.toPandas() for name, table in tables.items()}
+        both = load_events(spark, mixed).toPandas()
     _check_report(frames, ledger)
+    assert len(both) == ours.num_rows + 2
+    assert sorted(both[both["connection"] < -1]["connection"].tolist()) == [-8, -7]  # the earlier layout's
+    delivered = both[both["outcome"] == "delivered"]
+    assert len(delivered) == ledger.delivered + 2
     assert _jni_copies() <= copies  # Spark's JVMs left no copy of Ray's JNI library in /tmp/ray
 
 

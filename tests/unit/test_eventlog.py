@@ -17,14 +17,13 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router import eventlog
-from router.eventlog import COLUMNS, SCHEMA, EventLog
+from router.eventlog import COLUMNS, FILE_SCHEMA, SCHEMA, EventLog, read_events
 
 GATEWAY = "gw-a"
 OTHER_GATEWAY = "gw-b"
@@ -60,9 +59,9 @@ def files_under(directory: Path) -> list[str]:
 
 
 def read_rows(directory: Path) -> list[dict]:
-    """All rows of all Parquet files below ``directory``, ordered by (ts_ns, connection)."""
-    table = ds.dataset(directory, format="parquet", schema=SCHEMA).to_table()
-    return sorted(table.to_pylist(), key=lambda r: (r["ts_ns"], r["connection"]))
+    """All events of all Parquet files below ``directory`` (a fan-out group's row is a row per
+    connection: ``read_events``), ordered by (ts_ns, connection)."""
+    return sorted(read_events(directory).to_pylist(), key=lambda r: (r["ts_ns"], r["connection"] or 0))
 
 
 def written(log: EventLog) -> None:
@@ -114,9 +113,13 @@ def test_a_file_holds_the_columns_the_log_always_fills_as_required(log, events_d
     written(log)
     [path] = files_under(events_dir)
     parquet = pq.ParquetFile(events_dir / path).schema
-    repetition = {parquet.column(i).name: parquet.column(i).max_definition_level for i in range(len(COLUMNS))}
-    assert repetition == {name: 0 if name in eventlog.NEVER_NULL else 1 for name in COLUMNS}
-    assert pq.read_schema(events_dir / path).equals(SCHEMA)
+    levels = {parquet.column(i).path.split(".")[0]:  # a list's leaf counts a level for the list's repetition
+              parquet.column(i).max_definition_level - parquet.column(i).max_repetition_level
+              for i in range(len(FILE_SCHEMA))}
+    assert levels == {name: 0 if name in eventlog.NEVER_NULL else 1 for name in FILE_SCHEMA.names}
+    assert parquet.column(FILE_SCHEMA.names.index("connections")).path == "connections.list.element"
+    assert pq.read_schema(events_dir / path).equals(FILE_SCHEMA)
+    assert pq.ParquetFile(events_dir / path).metadata.num_rows == 4  # the fan-out group is one row
     assert len(read_rows(events_dir)) == 5
 
 
@@ -358,7 +361,37 @@ def test_one_flush_writes_every_kind_of_record_together(log, events_dir):
         (30, "in", 1, "rejected", None, "too_large"),
     ]
     [path] = files_under(events_dir)
-    assert pq.read_schema(events_dir / path).equals(SCHEMA)
+    assert pq.read_schema(events_dir / path).equals(FILE_SCHEMA)
+    table = pq.read_table(events_dir / path)
+    assert list(zip(table["outcome"].to_pylist(), table["connections"].to_pylist())) == [
+        ("accepted", [1]), ("delivered", [2, 3]), ("dropped", [4]), ("rejected", [1])]
+
+
+def test_files_of_the_earlier_layout_read_as_events_beside_new_ones(log, events_dir):
+    """A log written before fan-out groups became one row (a row per delivery, ``connection``)
+    reads as it did, alone or in one folder with files of groups."""
+    old = events_dir / "date=2026-03-01" / "hour=09"
+    old.mkdir(parents=True)
+    before = [row(ts_ns=T0 - HOUR_NS, dialect="signal", direction="out", kind="hub:publish", topic="rooms/lobby",
+                  gateway=GATEWAY, connection=c, origin=GATEWAY, msg_seq=1, bytes=5, latency_ns=3, outcome="delivered")
+              for c in (8, 9)]
+    pq.write_table(pa.Table.from_pylist(before, schema=SCHEMA), old / f"{GATEWAY}-old-0-0-2.parquet")
+    assert read_events(old).to_pylist() == before
+    log.delivered(T0, meta(seq=2), 5, (4, 5, 6))
+    written(log)
+    assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(1, 8), (1, 9), (2, 4), (2, 5), (2, 6)]
+
+
+def test_a_group_of_a_thousand_is_one_row_and_a_thousand_events(log, events_dir):
+    ids = tuple(range(1000, 2000))
+    log.ingress(T0, meta(seq=1), "m", 10, 1)
+    log.delivered(T0 + 5, meta(seq=1), 10, ids)
+    written(log)
+    [path] = files_under(events_dir)
+    table = pq.read_table(events_dir / path)
+    assert table.num_rows == 2 and table["connections"].to_pylist() == [[1], list(ids)]
+    assert (log.rows_written, log.events_written) == (2, 1001)
+    assert [r["connection"] for r in read_events(table).to_pylist()] == [1, *ids]
 
 
 def test_rows_in_a_file_are_sorted_by_timestamp(log, events_dir):
@@ -381,12 +414,14 @@ def test_rows_of_the_same_timestamp_keep_the_order_they_were_recorded_in(log, ev
     written(log)
     [path] = files_under(events_dir)
     table = pq.read_table(events_dir / path)
-    assert list(zip(table["ts_ns"].to_pylist(), table["connection"].to_pylist(), table["msg_seq"].to_pylist())) == [
-        (T0, 1, 3), (T0 + 10, 1, 2), (T0 + 10, 5, 1), (T0 + 10, 6, 1)]  # accepted ones are built first
+    assert list(zip(table["ts_ns"].to_pylist(), table["connections"].to_pylist(), table["msg_seq"].to_pylist())) == [
+        (T0, [1], 3), (T0 + 10, [1], 2), (T0 + 10, [5, 6], 1)]  # accepted ones are built first
+    assert [(r["ts_ns"], r["connection"], r["msg_seq"]) for r in read_events(table).to_pylist()] == [
+        (T0, 1, 3), (T0 + 10, 1, 2), (T0 + 10, 5, 1), (T0 + 10, 6, 1)]
 
 
-# Any mix of records, as a reference builds their rows: each record's rows (a group's one per
-# connection) in the order the log takes them (rejections and drops, then accepted messages, then
+# Any mix of records, as a reference builds their rows: each record's row (a group's with its
+# connections; read_events makes it a row per connection) in the order the log takes them (rejections and drops, then accepted messages, then
 # groups, each in the order recorded), sorted stably by timestamp. Chunks of 3 records, so a flush
 # spans several; timestamps collide often, as a fan-out's and its publish's do.
 _RECORD = st.tuples(
@@ -422,21 +457,25 @@ def test_a_flush_writes_every_record_as_a_reference_would_in_timestamp_order(tmp
             connection = connections[0] if connections else -1
             if kind == "ingress":
                 log.ingress(ts, m, protocol_id, 10 + seq, connection)
-                accepted.append(row(**common, direction="in", connection=connection, protocol_id=protocol_id,
+                accepted.append(row(**common, direction="in", connection=[connection], protocol_id=protocol_id,
                                     outcome="accepted"))
             elif kind == "delivered":
                 log.delivered(ts, m, 10 + seq, tuple(connections))
-                groups.extend(row(**common, direction="out", connection=each, latency_ns=latency,
-                                  outcome="delivered") for each in connections)
+                if connections:  # a group of none has no row
+                    groups.append(row(**common, direction="out", connection=list(connections), latency_ns=latency,
+                                      outcome="delivered"))
             elif kind == "dropped":
                 log.dropped(ts, m, 10 + seq, connection, "slow_consumer")
-                rows.append(row(**common, direction="out", connection=connection, latency_ns=latency,
+                rows.append(row(**common, direction="out", connection=[connection], latency_ns=latency,
                                 outcome="dropped", reason="slow_consumer"))
             else:
                 log.rejected(ts, m, protocol_id, 10 + seq, connection, "too_large")
-                rows.append(row(**common, direction="in", connection=connection, protocol_id=protocol_id,
+                rows.append(row(**common, direction="in", connection=[connection], protocol_id=protocol_id,
                                 outcome="rejected", reason="too_large"))
         expected = sorted(rows + accepted + groups, key=lambda each: each["ts_ns"])  # stable
+        events = [{**each, "connection": one} for each in expected for one in each["connection"]]
+        expected = [{("connections" if name == "connection" else name): value for name, value in each.items()}
+                    for each in expected]
         future = log.flush()
         if future is not None:
             assert future.result(timeout=WAIT) is None
@@ -445,8 +484,10 @@ def test_a_flush_writes_every_record_as_a_reference_would_in_timestamp_order(tmp
     assert len(paths) == (1 if expected else 0)
     for path in paths:
         table = pq.read_table(directory / path)
-        assert table.schema.equals(SCHEMA)
+        assert table.schema.equals(FILE_SCHEMA)
         assert table.to_pylist() == expected
+        assert read_events(table).to_pylist() == events
+        assert read_events(table).schema.equals(SCHEMA)
 
 
 # -- flushing -------------------------------------------------------------------------------------
@@ -516,7 +557,7 @@ def test_close_flushes_what_is_buffered_and_waits(events_dir):
     log.ingress(T0, meta(seq=1), None, 1, 1)
     log.delivered(T0 + 5, meta(seq=1), 1, (2, 3))
     log.close()
-    assert (log.rows_written, log.files_written) == (3, 1)
+    assert (log.rows_written, log.events_written, log.files_written) == (2, 3, 1)
     assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(1, 1), (1, 2), (1, 3)]
 
 
@@ -557,13 +598,14 @@ def test_records_land_in_the_folder_of_their_utc_hour(log, events_dir):
     written(log)
     assert files_under(events_dir) == [
         f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{last_of_10}-0-1.parquet",
-        f"date=2026-03-01/hour=11/{GATEWAY}-{log.node}-{first_of_11}-1-3.parquet",
+        f"date=2026-03-01/hour=11/{GATEWAY}-{log.node}-{first_of_11}-1-2.parquet",  # its rows: the group is one
     ]
     day = events_dir / "date=2026-03-01"
     hour_10 = pq.read_table(day / "hour=10" / f"{GATEWAY}-{log.node}-{last_of_10}-0-1.parquet")
-    hour_11 = pq.read_table(day / "hour=11" / f"{GATEWAY}-{log.node}-{first_of_11}-1-3.parquet")
+    hour_11 = pq.read_table(day / "hour=11" / f"{GATEWAY}-{log.node}-{first_of_11}-1-2.parquet")
     assert hour_10["msg_seq"].to_pylist() == [1]
-    assert hour_11["msg_seq"].to_pylist() == [2, 2, 2]
+    assert hour_11["msg_seq"].to_pylist() == [2, 2]
+    assert hour_11["connections"].to_pylist() == [[1], [2, 3]]
 
 
 def test_a_file_of_a_flush_that_spans_hours_holds_only_its_own_strings(log, events_dir):
@@ -577,8 +619,8 @@ def test_a_file_of_a_flush_that_spans_hours_holds_only_its_own_strings(log, even
     for path, own in ((ten, ["rooms/ten"]), (eleven, ["rooms/eleven"])):  # the file's dictionary, as stored
         assert pq.read_table(path, read_dictionary=["topic"])["topic"].chunk(0).dictionary.to_pylist() == own
     assert pq.read_table(ten)["topic"].to_pylist() == ["rooms/ten"]
-    assert pq.read_table(eleven)["topic"].to_pylist() == ["rooms/eleven"] * 2
-    assert pq.read_schema(ten).equals(SCHEMA) and pq.read_schema(eleven).equals(SCHEMA)
+    assert pq.read_table(eleven)["topic"].to_pylist() == ["rooms/eleven"]
+    assert pq.read_schema(ten).equals(FILE_SCHEMA) and pq.read_schema(eleven).equals(FILE_SCHEMA)
 
 
 def test_partitions_follow_the_utc_date_across_midnight(log, events_dir):
@@ -598,7 +640,7 @@ def test_file_name_is_gateway_node_first_timestamp_flush_number_and_row_count(lo
     log.delivered(T0 + 100, meta(seq=0), 1, (1, 2, 3, 4))
     written(log)
     [path] = files_under(events_dir)
-    assert Path(path).name == f"{GATEWAY}-{log.node}-{T0 + 100}-0-5.parquet"
+    assert Path(path).name == f"{GATEWAY}-{log.node}-{T0 + 100}-0-2.parquet"  # rows: the group of 4 is one
     assert Path(path).name.startswith(GATEWAY)
 
 
@@ -635,15 +677,16 @@ def test_no_temporary_or_hidden_files_remain(log, events_dir):
     assert [p for p in paths if any(part.startswith(".") for part in p.split("/")) or p.endswith(".tmp")] == []
 
 
-def test_counters_count_rows_and_files_across_flushes(log, events_dir):
-    assert (log.rows_written, log.files_written) == (0, 0)
+def test_counters_count_rows_events_and_files_across_flushes(log, events_dir):
+    assert (log.rows_written, log.events_written, log.files_written) == (0, 0, 0)
     log.ingress(T0, meta(seq=1), None, 1, 1)
     log.ingress(T0 + HOUR_NS, meta(seq=2), None, 1, 1)
     written(log)
-    assert (log.rows_written, log.files_written) == (2, 2)
+    assert (log.rows_written, log.events_written, log.files_written) == (2, 2, 2)
     log.delivered(T0 + 1, meta(seq=1), 1, (4, 5, 6))
+    log.dropped(T0 + 2, meta(seq=1), 1, 7, "slow_consumer")
     written(log)
-    assert (log.rows_written, log.files_written) == (5, 3)
+    assert (log.rows_written, log.events_written, log.files_written) == (4, 6, 3)
 
 
 def test_two_gateways_share_a_directory_without_clashing(events_dir):
@@ -697,10 +740,10 @@ def test_a_file_url_writes_the_same_files_as_a_path(events_dir, form):
     log.close()
     assert files_under(events_dir) == [
         f"date=2026-03-01/hour=10/{GATEWAY}-{log.node}-{T0}-0-1.parquet",
-        f"date=2026-03-01/hour=11/{GATEWAY}-{log.node}-{T0 + HOUR_NS}-1-2.parquet",
+        f"date=2026-03-01/hour=11/{GATEWAY}-{log.node}-{T0 + HOUR_NS}-1-1.parquet",
     ]
     assert [r["connection"] for r in read_rows(events_dir)] == [1, 4, 5]
-    assert (log.rows_written, log.files_written) == (3, 2)
+    assert (log.rows_written, log.events_written, log.files_written) == (2, 3, 2)
 
 
 def test_an_unknown_url_scheme_fails_at_construction(events_dir):
@@ -901,7 +944,7 @@ def test_records_filling_several_chunks_are_all_written_and_the_chunks_serve_the
     chunks = [chunk for chunk, _ in log._ingress_full] + [log._ingress_chunk] + log._groups_full + [log._group_chunk]
     assert len(chunks) == 6
     written(log)
-    table = ds.dataset(events_dir, format="parquet", schema=SCHEMA).to_table()
+    table = read_events(events_dir)  # an event a row
     assert table.num_rows == count + count + count // 2 + (count + 1) // 2 - count // 2
     accepted = table.filter(pa.compute.equal(table["outcome"], "accepted")).sort_by("msg_seq").to_pydict()
     assert accepted["msg_seq"] == list(range(count)) and accepted["connection"] == list(range(count))
@@ -969,7 +1012,7 @@ def test_a_flush_sent_to_a_writer_process_out_of_band_writes_the_same_rows(event
         writer.write([], loaded)
     finally:
         writer.close()
-    table = ds.dataset(events_dir, format="parquet", schema=SCHEMA).to_table()
+    table = read_events(events_dir)  # an event a row
     accepted = table.filter(pa.compute.equal(table["outcome"], "accepted")).sort_by("msg_seq").to_pydict()
     assert accepted["protocol_id"] == [f"p{seq}" if seq % 7 == 0 else None for seq in range(count)]
     assert accepted["connection"] == list(range(count)) and set(accepted["bytes"]) == {10}

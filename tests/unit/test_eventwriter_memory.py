@@ -38,7 +38,7 @@ def payload(count: int) -> tuple:
 
 def test_memory_is_kept_from_the_start_and_trimmed_only_after_a_large_flush(writer):
     assert writer.calls == ["nice 10", "keep"]
-    assert writer.write_flush(*payload(100)) == (100, 1)  # not more than the bound: kept
+    assert writer.write_flush(*payload(100)) == (100, 100, 1)  # rows, events, files; not more than the bound: kept
     assert writer.calls == ["nice 10", "keep"]
-    assert writer.write_flush(*payload(101)) == (201, 2)  # past it: trimmed once written
+    assert writer.write_flush(*payload(101)) == (201, 201, 2)  # past it: trimmed once written
     assert writer.calls == ["nice 10", "keep", "trim"]
