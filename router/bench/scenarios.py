@@ -374,7 +374,7 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
     row.update(case.summarise(system, collected, measured))
     if delivered_before is not None:  # the gateways' own count of frames written (replies included)
         row["gateway_frames_written"] = system.delivered() - delivered_before
-    if logged_before is not None:  # the event log's rows of the case, once written, and any it dropped
+    if logged_before is not None:  # the event log's events of the case, once written, and the records it dropped
         system.settle()
         rows, dropped = system.event_log()
         row["eventlog_rows"], row["eventlog_dropped"] = rows - logged_before[0], dropped - logged_before[1]

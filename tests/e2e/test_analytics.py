@@ -170,7 +170,7 @@ def test_report_as_a_library_returns_spark_dataframes(traffic, tmp_path):
     from router.eventlog import SCHEMA, read_events
 
     running, ledger, events_dir = traffic
-    # The log beside a file of the earlier layout (a row per delivery, one `connection`), an hour before.
+    # The log beside a file of the earlier layout (a row per delivery, one `connection`), in one of its hours.
     mixed = tmp_path / "mixed"
     shutil.copytree(events_dir, mixed)
     ours = read_events(mixed)

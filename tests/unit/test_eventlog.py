@@ -502,7 +502,7 @@ def test_flush_returns_a_future_of_the_write(log, events_dir):
 
 
 def test_the_gateways_flush_waits_for_a_write_the_periodic_flush_started(log, events_dir):
-    """`flush_events` (what `router bench` and the analytics tests wait on before they count rows)
+    """`flush_events` (what `router bench` and the analytics tests wait on before they count events)
     must not answer while an earlier flush is still being written: with nothing left to hand over,
     it waited for nothing and read a stale row count."""
     import asyncio
