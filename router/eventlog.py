@@ -752,10 +752,11 @@ def read_events(source: Any, **dataset_options: Any) -> pa.Table:
     lists = table["connections"].combine_chunks() if "connections" in table.column_names else None
     if lists is None:
         lists = pa.nulls(table.num_rows, CONNECTIONS)
-    lengths = pc.list_value_length(lists).fill_null(1).to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+    empty = lengths == 0  # a null list (or an empty one, which the log does not write): one event, as in Spark
+    lengths = np.where(empty, 1, lengths)
     rows = pa.array(np.repeat(np.arange(len(lengths)), lengths))
     flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-    empty = lists.is_null().to_numpy(zero_copy_only=False)
     if not empty.any():
         column = pa.array(flat, pa.int64())
     else:  # a row of the earlier layout, or one whose connection was not recorded: one event
@@ -835,7 +836,7 @@ def _views(chunks: list[bytearray], end: int, dtype: np.dtype) -> list[np.ndarra
 
 def _events(table: pa.Table) -> int:
     """The events of a table of rows: a row's connections, or one for a row of none recorded."""
-    return pc.sum(pc.list_value_length(table["connections"]).fill_null(1)).as_py() or 0
+    return pc.sum(pc.max_element_wise(pc.list_value_length(table["connections"]).fill_null(1), 1)).as_py() or 0
 
 
 def _connections(connection: np.ndarray, group_counts: np.ndarray, accepted: int, ids: Any,

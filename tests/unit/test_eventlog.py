@@ -382,6 +382,17 @@ def test_files_of_the_earlier_layout_read_as_events_beside_new_ones(log, events_
     assert [(r["msg_seq"], r["connection"]) for r in read_rows(events_dir)] == [(1, 8), (1, 9), (2, 4), (2, 5), (2, 6)]
 
 
+def test_a_row_without_connections_reads_as_one_event_without_one():
+    """A null list (a flush written with every column optional) or an empty one (which the log
+    never writes) is one event with no connection, as Spark's ``explode_outer`` reads it."""
+    base = row(ts_ns=T0, dialect="signal", direction="out", gateway=GATEWAY, origin=GATEWAY, msg_seq=1, bytes=5,
+               outcome="dropped")
+    rows = [{**{k: v for k, v in base.items() if k != "connection"}, "connections": ids} for ids in ([], None, [3])]
+    table = pa.Table.from_pylist(rows, schema=eventlog._NULLABLE_SCHEMA)
+    assert [r["connection"] for r in read_events(table).to_pylist()] == [None, None, 3]
+    assert eventlog._events(table) == 3
+
+
 def test_a_group_of_a_thousand_is_one_row_and_a_thousand_events(log, events_dir):
     ids = tuple(range(1000, 2000))
     log.ingress(T0, meta(seq=1), "m", 10, 1)
