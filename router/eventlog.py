@@ -749,12 +749,9 @@ def read_events(source: Any, **dataset_options: Any) -> pa.Table:
         table = source
     else:
         table = ds.dataset(source, format="parquet", schema=_READ_SCHEMA, **dataset_options).to_table()
-    lists = table["connections"].combine_chunks() if "connections" in table.column_names else None
-    if lists is None:
-        lists = pa.nulls(table.num_rows, CONNECTIONS)
-    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
-    empty = lengths == 0  # a null list (or an empty one, which the log does not write): one event, as in Spark
-    lengths = np.where(empty, 1, lengths)
+    lists = (table["connections"].combine_chunks() if "connections" in table.column_names
+             else pa.nulls(table.num_rows, CONNECTIONS))
+    lengths, empty = _event_counts(lists)
     rows = pa.array(np.repeat(np.arange(len(lengths)), lengths))
     flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
     if not empty.any():
@@ -834,9 +831,17 @@ def _views(chunks: list[bytearray], end: int, dtype: np.dtype) -> list[np.ndarra
     return views
 
 
+def _event_counts(lists: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's events, and which rows have no connection: a row's connections, or one event for a
+    row of none (a null list, or an empty one, which the log does not write; as Spark's ``explode_outer``)."""
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+    empty = lengths == 0
+    return np.where(empty, 1, lengths), empty
+
+
 def _events(table: pa.Table) -> int:
-    """The events of a table of rows: a row's connections, or one for a row of none recorded."""
-    return pc.sum(pc.max_element_wise(pc.list_value_length(table["connections"]).fill_null(1), 1)).as_py() or 0
+    """The events of a table of rows."""
+    return int(_event_counts(table["connections"])[0].sum())
 
 
 def _connections(connection: np.ndarray, group_counts: np.ndarray, accepted: int, ids: Any,
@@ -862,12 +867,12 @@ def _connections(connection: np.ndarray, group_counts: np.ndarray, accepted: int
     return _list_of(offsets, values)
 
 
-def _list_of(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
-    """A list array of ``values`` split at ``offsets``, of type :data:`CONNECTIONS`."""
-    if len(values) < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int64()),
-                                        type=CONNECTIONS)
-    raise ValueError(f"a flush of {len(values):,} connection ids: more than a list column holds")
+def _list_of(offsets: np.ndarray, values: Any, missing: Any = None) -> pa.Array:
+    """A list array of ``values`` split at ``offsets``, of type :data:`CONNECTIONS`; null where ``missing``."""
+    if len(values) >= 2**31:
+        raise ValueError(f"a flush of {len(values):,} connection ids: more than a list column holds")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int64()),
+                                    type=CONNECTIONS, mask=missing)
 
 
 def _one_each(connection: pa.Array) -> pa.Array:
@@ -875,9 +880,7 @@ def _one_each(connection: pa.Array) -> pa.Array:
     offsets = np.arange(len(connection) + 1, dtype=np.int64)
     if not connection.null_count:
         return _list_of(offsets, connection.to_numpy())
-    missing = connection.is_null().to_numpy(zero_copy_only=False)
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), connection.fill_null(0), type=CONNECTIONS,
-                                    mask=pa.array(missing))
+    return _list_of(offsets, connection.fill_null(0), connection.is_null())
 
 
 def _valid_where(values: np.ndarray, valid: np.ndarray) -> pa.Array:
