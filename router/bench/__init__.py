@@ -79,7 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eventlog", choices=("on", "off", "compare"), default="on",
                         help="the router's event log (default on); compare: each router once with it, once "
                              "without (what the log costs)")
-    parser.add_argument("--pin", type=int, default=0, help="CPU the raw and redis servers are pinned to (-1: none)")
+    parser.add_argument("--pin", type=int, default=0,
+                        help="CPU the raw and redis servers (and a dialect's peer, e.g. Nutshell) are pinned to, "
+                             "every thread; the load generators get the other CPUs (-1: nothing pinned)")
+    parser.add_argument("--pin-gateway", action="store_true",
+                        help="also pin a router of one gateway: the gateway on --pin's CPU, its other processes "
+                             "(shards, event-log writer, Ray's) with the load generators on the others")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every case N times on the same system (rows 'CASE, run k'): how steady a figure is")
     parser.add_argument("--lanes", default="unix,tcp", help="lanes: the kinds measured (unix, tcp)")
@@ -116,7 +121,8 @@ def _systems(args: argparse.Namespace) -> list[System]:
                     if args.scale:
                         systems += [RouterSystem(n, n, log, f"router g{n}/s{n}{suffix}", dialect) for n in args.scale]
                     else:
-                        systems.append(RouterSystem(args.gateways, args.shards, log, f"router{suffix}", dialect))
+                        systems.append(RouterSystem(args.gateways, args.shards, log, f"router{suffix}", dialect,
+                                                    pin if args.pin_gateway else None))
     return systems
 
 

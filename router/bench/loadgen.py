@@ -179,7 +179,11 @@ def _run_worker(role, spec: dict[str, Any], ready, go, results) -> None:
     """Process entry: set up, say ready, wait for go, run, report (errors are reported too)."""
     raise_open_file_limit()
     if spec.get("cpus"):
-        os.sched_setaffinity(0, spec["cpus"])
+        import psutil
+
+        from router.bench.systems import pin_threads
+
+        pin_threads(psutil.Process(), set(spec["cpus"]))  # the threads the process started with too
 
     async def main() -> dict[str, Any]:
         dialect = dialect_class(spec["dialect"])(spec.get("config"), spec)

@@ -12,6 +12,7 @@ baselines (``dialect`` None); a dialect's own scenarios come from its profile
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -312,6 +313,24 @@ def _identity(system: System, case: Case) -> dict[str, Any]:
             "metric": case.metric, **({"compare": case.compare} if case.compare else {})}
 
 
+def cpus_of(groups: dict[str, list[psutil.Process]]) -> dict[str, list[int]]:
+    """The CPUs each role's processes may run on (every thread's), as the case starts."""
+    found: dict[str, list[int]] = {}
+    for role, processes in groups.items():
+        cpus: set[int] = set()
+        for process in processes:
+            try:
+                for thread in process.threads():
+                    try:
+                        cpus.update(os.sched_getaffinity(thread.id))
+                    except OSError:  # the thread ended
+                        pass
+            except psutil.Error:
+                pass
+        found[role] = sorted(cpus)
+    return found
+
+
 def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int] | None) -> dict[str, Any]:
     """Start the case's workers, wait until all are set up, measure while they run, summarise."""
     ctx = mp.get_context("spawn")
@@ -348,6 +367,7 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
             system.settle()
             logged_before = system.event_log()
         groups = {**processes, "loadgen": [psutil.Process(worker.pid) for worker in workers]}
+        measured["cpus"] = cpus_of(groups)
         sampler = CpuSampler(groups)
         sampler.start()
         started = time.monotonic()
@@ -381,6 +401,8 @@ def run_case(system: System, case: Case, options: Options, loadgen_cpus: set[int
         if row["eventlog_dropped"]:
             row["notes"] = "; ".join(filter(None, [row.get("notes"), f"event log dropped {row['eventlog_dropped']:,}"]))
     row["loadgen_processes"] = len(workers)
+    if "cpus" in measured:
+        row["cpus"] = measured["cpus"]
     if case.memory:  # nothing runs after set-up: CPU would mean nothing
         return row
     busy = _busy_window(collected, started, started + wall)

@@ -22,6 +22,20 @@ ROOT = Path(__file__).resolve().parents[2]
 RAW_SERVER = ROOT / "benchmarks" / "raw_server.py"
 
 
+def pin_threads(process: psutil.Process, cpus: set[int]) -> None:
+    """Every thread of ``process`` on ``cpus`` (``sched_setaffinity`` on a pid moves only its main
+    thread; threads started later inherit their starter's). A process that has gone is skipped."""
+    try:
+        threads = process.threads()
+    except psutil.Error:
+        return
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread.id, cpus)
+        except OSError:  # the thread ended
+            pass
+
+
 class Unavailable(Exception):
     """A baseline's server is not installed here: the harness skips it and says why."""
 
@@ -67,7 +81,7 @@ class SubprocessSystem(System):
 
     def _pin(self) -> None:
         if self.cpu is not None and self.process is not None:
-            os.sched_setaffinity(self.process.pid, {self.cpu})
+            pin_threads(psutil.Process(self.process.pid), {self.cpu})
 
     def stop(self) -> None:
         if self.process is None:
@@ -159,14 +173,21 @@ class RedisSystem(SubprocessSystem):
 
 class RouterSystem(System):
     """The router, embedded in this process the way ``router serve`` starts it, measured through
-    one dialect (its :class:`router.bench.dialects.Profile`)."""
+    one dialect (its :class:`router.bench.dialects.Profile`).
+
+    ``cpu``: with one gateway, its process (every thread) gets that CPU, as a pinned baseline's
+    server does, and every other process of the run (this one, Ray's, the shards, the event-log
+    writer; the load generators are placed by the harness) the other CPUs. With more gateways
+    nothing is pinned."""
 
     def __init__(self, gateways: int = 1, shards: int | None = None, eventlog: bool = True,
-                 name: str = "router", dialect: str = "signal") -> None:
+                 name: str = "router", dialect: str = "signal", cpu: int | None = None) -> None:
         self.gateways, self.shards, self.eventlog, self.name = gateways, shards, eventlog, name
         self.dialect = dialect
         self.router = None
         self.config: dict[str, Any] = {}
+        self.cpu = cpu if gateways == 1 else None
+        self._affinity: list[int] | None = None
 
     def accepts(self, case: Any) -> bool:
         return case.dialect == self.dialect
@@ -202,6 +223,20 @@ class RouterSystem(System):
         self.gateway_pids = [stats["pid"] for stats in self._gateway_stats()]
         self.shard_pids = [info["pid"] for info in ray.get(
             [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
+        self._pin()
+
+    def _pin(self) -> None:
+        if self.cpu is None:
+            return
+        me = psutil.Process()
+        processes = [me, *me.children(recursive=True)]  # Ray's processes, when this run started Ray
+        if not set(self.gateway_pids) <= {process.pid for process in processes}:
+            self.cpu = None  # a Ray this run did not start: its processes are not the run's to move
+            return
+        self._affinity = me.cpu_affinity()
+        rest = set(range(psutil.cpu_count())) - {self.cpu} or {self.cpu}
+        for process in processes:
+            pin_threads(process, {self.cpu} if process.pid in self.gateway_pids else rest)
 
     def settle(self) -> None:
         """Write what the event log holds and wait for its writes (the case's records, or set-up's),
@@ -230,6 +265,9 @@ class RouterSystem(System):
         if self.router is not None:
             self.router.stop()
             self.router = None
+        if self._affinity is not None:
+            pin_threads(psutil.Process(), set(self._affinity))
+            self._affinity = None
         shutil.rmtree(getattr(self, "data_dir", ""), ignore_errors=True)
 
     def urls(self) -> list[str]:
@@ -242,6 +280,7 @@ class RouterSystem(System):
     def describe(self) -> dict[str, Any]:
         shards = self.settings.shards
         return {"system": self.name, "dialect": self.dialect, "gateways": self.gateways, "eventlog": self.eventlog,
+                "pinned_cpu": self.cpu,
                 "shards": {"session": shards.session, "topic": shards.topic, "registry": shards.registry}}
 
 

@@ -19,7 +19,7 @@ def test_router_bench_fanout_measures_the_router_and_the_baselines(tmp_path):
     systems = ["raw", "router"] + (["redis"] if shutil.which("redis-server") else [])
     completed = subprocess.run(
         [ROUTER, "bench", "fanout", "--subscribers", "10", "--deliveries", "40000", "--systems", ",".join(systems),
-         "--timeout", "40", "--out", str(out), "--plot", str(picture)],
+         "--timeout", "40", "--pin-gateway", "--out", str(out), "--plot", str(picture)],
         cwd=ROOT, capture_output=True, text=True, timeout=150,
         env={**os.environ, "ROUTER_RAY_DASHBOARD": "false"},
     )
@@ -35,6 +35,15 @@ def test_router_bench_fanout_measures_the_router_and_the_baselines(tmp_path):
         # CPU is sampled every 50 ms: over a run this short a figure may round to 0, never be missing.
         assert row["server_cpu_pct"] >= 0 and row["loadgen_cpu_pct"] >= 0, row
     assert rows["raw"]["ratio_to_raw"] == 1.0 and rows["router"]["ratio_to_raw"] > 0
+    # --pin 0 (the default) and --pin-gateway: each server's busy process (raw's, Redis's, the
+    # router's one gateway; every thread) on CPU 0, the load generators and the router's other
+    # processes on the others.
+    cpus = result["machine"]["cpus"]
+    rest = list(range(1, cpus)) or [0]
+    for system, row in rows.items():
+        assert row["cpus"]["server"] == [0] and row["cpus"]["loadgen"] == rest, row
+    assert rows["router"]["cpus"]["shards"] == rest
+    assert {d["system"]: d["pinned_cpu"] for d in result["systems"]} == {system: 0 for system in systems}
     assert "shards_cpu_pct" in rows["router"]
     assert picture.stat().st_size > 0
     assert "fanout" in completed.stdout and "x raw" in completed.stdout

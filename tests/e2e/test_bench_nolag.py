@@ -32,6 +32,11 @@ def test_router_bench_runs_every_nolag_scenario_with_exact_counts(tmp_path):
         ("groups", "50 subs in 10 groups"),
     }
     assert all(row["dialect"] == "nolag" and row["system"] == "router" for row in rows.values())
+    # without --pin-gateway the router's processes and its load generators are where the system puts them
+    everywhere = sorted(os.sched_getaffinity(0))
+    for row in rows.values():
+        if "cpus" in row:
+            assert row["cpus"] == {"server": everywhere, "shards": everywhere, "loadgen": everywhere}, row
 
     fanout, qos1 = rows["fanout", "S=100"], rows["fanout", "S=100 QoS 1"]
     groups = rows["groups", "50 subs in 10 groups"]
