@@ -83,18 +83,25 @@ def visible(document: Document, principals: Principals) -> Document:
 
 
 _iso_second: tuple[int | None, str] = (None, "")  # the last second formatted, and its text up to the "."
+_iso_last: tuple[int | None, str] = (None, "")  # the last millisecond formatted, and its text
 
 
 def iso_now(now_ms: int) -> str:
     """Baqend's timestamp format: ISO-8601 UTC with milliseconds, ``2017-08-17T05:02:45.540Z``
-    (the second's text is formatted once a second: every write stamps its document, every event
-    frame carries one)."""
-    global _iso_second
+    (every write stamps its document and every event frame carries one, thousands in a
+    millisecond: the last millisecond's text is kept, and the second's text is formatted once a
+    second)."""
+    global _iso_second, _iso_last
+    last = _iso_last
+    if last[0] == now_ms:
+        return last[1]
     second, millisecond = divmod(now_ms, 1000)
     cached = _iso_second
     if cached[0] != second:
         cached = _iso_second = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
-    return f"{cached[1]}{millisecond:03d}Z"
+    text = f"{cached[1]}{millisecond:03d}Z"
+    _iso_last = (now_ms, text)
+    return text
 
 
 def object_id(bucket: str, key: str) -> str:

@@ -130,7 +130,18 @@ def encode_result(sub_id: str, documents: list, date: str) -> bytes:
 
 
 def encode_match(sub_id: str, fields: dict[str, Any], date: str) -> bytes:
-    return orjson.dumps({"id": sub_id, "type": "match", "date": date, **fields})
+    return match_prefix(sub_id) + match_body(fields, date)
+
+
+def match_prefix(sub_id: str) -> bytes:
+    """A subscription's ``match`` frames up to their ``type``: ``{"id":"<sub_id>",``."""
+    return b'{"id":' + orjson.dumps(sub_id) + b","
+
+
+def match_body(fields: dict[str, Any], date: str) -> bytes:
+    """A ``match`` frame after its :func:`match_prefix`: the same bytes for every subscription
+    sent the same event (equal queries share their events), so encoded once for all of them."""
+    return orjson.dumps({"type": "match", "date": date, **fields})[1:]
 
 
 def encode_error(sub_id: str | None, error: ProtocolError, date: str) -> bytes:

@@ -113,6 +113,11 @@ class BaqendDialect(Dialect):
         # refusals and closes of the limits, by what was refused
         self.limited = {"rest_rate": 0, "subscribe_rate": 0, "client_subscriptions": 0, "query_too_large": 0,
                         "token_expired": 0, "idle": 0}
+        # The last Matches' events list, their date and their frames' bodies (codec.match_body),
+        # for the next subscription sent the same list (the list is read-only once made)
+        self.last_events: list | None = None
+        self.last_date = ""
+        self.last_bodies: list[bytes] = []
 
     def anonymous_client(self, remote: str) -> str:
         """Who an anonymous request from ``remote`` (``host:port``) counts as for per-client limits."""
@@ -234,11 +239,12 @@ class BaqendDialect(Dialect):
 
 class _Subscription:
     __slots__ = ("sub_id", "key", "spec", "link", "meta", "client", "expires", "principals", "loading", "pages",
-                 "documents", "nbytes", "retried", "restarting", "view", "heard", "include")
+                 "documents", "nbytes", "retried", "restarting", "view", "heard", "include", "prefix")
 
     def __init__(self, sub_id: str, key: str, spec: Any, link: Any, meta: tuple, client: str,
                  expires: float | None, principals: frozenset[str]) -> None:
         self.sub_id = sub_id
+        self.prefix = codec.match_prefix(sub_id)  # its match frames' first bytes
         self.key = key
         self.spec = spec
         self.link = link
@@ -317,12 +323,21 @@ class BaqendSession(DialectSession):
             sub.view = ResultView.of(payload.documents, _ordered(sub.spec))
             return
         _, events, meta, changes = payload  # Matches
-        for fields in events:
-            frame = codec.encode_match(sub.sub_id, fields, date)
-            sent = self.wire.send_text(frame)
-            self.dialect.matches += 1
+        # Equal queries share one events list (their shard's state, one pickle in a bundle), and
+        # their Matches arrive one after another: its frames' bodies are encoded for the first.
+        dialect = self.dialect
+        if events is dialect.last_events and date == dialect.last_date:
+            bodies = dialect.last_bodies
+        else:
+            bodies = [codec.match_body(fields, date) for fields in events]
+            dialect.last_events, dialect.last_date, dialect.last_bodies = events, date, bodies
+        prefix, wire = sub.prefix, self.wire
+        dialect.matches += len(bodies)
+        for body in bodies:
+            frame = prefix + body
+            sent = wire.send_text(frame)
             if meta is not None:
-                self.gateway.account_delivery(meta, len(frame), self.wire.id, sent)
+                self.gateway.account_delivery(meta, len(frame), wire.id, sent)
         view = sub.view
         if view is not None:
             if changes is None:

@@ -86,6 +86,18 @@ def test_document_and_query_shards_start_only_with_the_dialect():
     assert shard_kinds(load_settings(baqend={"enabled": False})) == ("session", "topic", "registry")
 
 
+def test_a_match_frame_is_its_subscriptions_prefix_and_a_body_shared_by_every_subscription():
+    date = "2017-08-17T05:02:46.467Z"
+    fields = {"matchType": "add", "operation": "insert", "data": {"id": "/db/T/a", "n": 1}, "index": 0}
+    body = codec.match_body(fields, date)
+    assert body == b'"type":"match","date":"2017-08-17T05:02:46.467Z","matchType":"add","operation":"insert",' \
+                   b'"data":{"id":"/db/T/a","n":1},"index":0}'
+    for sub_id in ("s", 'q"1\\', "ü\u2028"):  # escaped as JSON, once, in the prefix
+        assert codec.match_prefix(sub_id) + body == codec.encode_match(sub_id, fields, date)
+        assert json.loads(codec.encode_match(sub_id, fields, date)) == {
+            "id": sub_id, "type": "match", "date": date, **fields}
+
+
 def test_date_now_is_iso_utc_to_the_millisecond_across_second_boundaries():
     from datetime import datetime, timezone
 

@@ -277,6 +277,11 @@ def test_iso_timestamps_have_milliseconds():
     assert [iso_now(ms) for ms in (1_502_946_165_999, 1_502_946_166_000, 1_502_946_165_001, 0, 59_999)] == [
         "2017-08-17T05:02:45.999Z", "2017-08-17T05:02:46.000Z", "2017-08-17T05:02:45.001Z",
         "1970-01-01T00:00:00.000Z", "1970-01-01T00:00:59.999Z"]
+    # and the millisecond's text: the same millisecond twice, then others of its second and back
+    assert [iso_now(ms) for ms in (1_502_946_165_540, 1_502_946_165_540, 1_502_946_165_541, 1_502_946_166_540,
+                                   1_502_946_165_540)] == [
+        "2017-08-17T05:02:45.540Z", "2017-08-17T05:02:45.540Z", "2017-08-17T05:02:45.541Z",
+        "2017-08-17T05:02:46.540Z", "2017-08-17T05:02:45.540Z"]
 
 
 def test_a_scan_answers_the_included_ids_that_do_not_match_in_its_range():
