@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from actors.baqend.mongoquery import STRING, bson_key
-from actors.baqend.contract import Baseline, InitialResult, Known, Matches, Scan, Write, tag
+from actors.baqend.contract import Baseline, InitialResult, Known, Scan, Write, matches, tag
 from actors.baqend.resync import resync
 from actors.baqend.rtquery import Event, RealtimeQuery
 
 Route = tuple[str, int]  # (gateway id, connection id)
 Stamp = tuple[str, int]  # (epoch, seq) of a document shard
-# Where, and the DELIVER_EVENT payload (an InitialResult, a Baseline or Matches).
+# Where, and the DELIVER_EVENT payload (an InitialResult, a Baseline or a contract.matches tuple).
 Output = tuple[Route, tuple]
 
 
@@ -343,11 +343,12 @@ class QueryTable:
 
     def _emit(self, outputs: list[Output], live: LiveQuery, answer: tuple[list[dict], list | None],
               meta: tuple | None) -> None:
-        """The subscription's ``Matches`` of an :meth:`_answer`, if it holds anything."""
+        """The subscription's :func:`~actors.baqend.contract.matches` of an :meth:`_answer`, if it
+        holds anything."""
         events, view = answer
         if events or view:
             self.events += len(events)
-            outputs.append((live.route, Matches(live.key, events, meta, view)))
+            outputs.append((live.route, matches(live.key, events, meta, view)))
 
     @staticmethod
     def _answer(query: RealtimeQuery, changes: list[Event]) -> tuple[list[dict], list | None]:

@@ -276,7 +276,7 @@ class BaqendDocuments(Component):
 
 class BaqendQueries(Component):
     """The real-time queries whose subscription key hashes here (:class:`QueryTable`); their
-    ``InitialResult`` and ``Matches`` go to the subscribers as ``DELIVER_EVENT``."""
+    ``InitialResult`` and ``matches`` go to the subscribers as ``DELIVER_EVENT``."""
 
     name = "baqend"
 

@@ -113,7 +113,7 @@ class BaqendDialect(Dialect):
         # refusals and closes of the limits, by what was refused
         self.limited = {"rest_rate": 0, "subscribe_rate": 0, "client_subscriptions": 0, "query_too_large": 0,
                         "token_expired": 0, "idle": 0}
-        # The last Matches' events list, their date and their frames' bodies (codec.match_body),
+        # The last matches' events list, their date and their frames' bodies (codec.match_body),
         # for the next subscription sent the same list (the list is read-only once made)
         self.last_events: list | None = None
         self.last_date = ""
@@ -300,7 +300,7 @@ class BaqendSession(DialectSession):
         gateway.accepted(meta, request.sub_id, size, self.wire.id)
 
     def on_event(self, payload: Any) -> None:
-        sub = self.by_key.get(payload.key)
+        sub = self.by_key.get(payload[0])  # every payload's key comes first
         if sub is None or self.closed:
             return
         if sub.expires is not None and time.time() > sub.expires:
@@ -322,9 +322,9 @@ class BaqendSession(DialectSession):
             self.gateway.account_delivery(sub.meta, len(frame), self.wire.id, self.wire.send_text(frame))
             sub.view = ResultView.of(payload.documents, _ordered(sub.spec))
             return
-        _, events, meta, changes = payload  # Matches
+        _, events, meta, changes = payload  # contract.matches: a plain tuple
         # Equal queries share one events list (their shard's state, one pickle in a bundle), and
-        # their Matches arrive one after another: its frames' bodies are encoded for the first.
+        # their matches arrive one after another: its frames' bodies are encoded for the first.
         dialect = self.dialect
         if events is dialect.last_events and date == dialect.last_date:
             bodies = dialect.last_bodies

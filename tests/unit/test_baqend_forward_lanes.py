@@ -89,10 +89,11 @@ class _Gateway:
         found: dict[str, list[tuple]] = {}
         for source, _, _, items in self.bundles:
             for _, payload, _, _ in items:
-                if isinstance(payload, baqend.Matches):
+                if type(payload) is tuple:  # baqend.matches (a result or a baseline is a NamedTuple)
+                    key, events = payload[0], payload[1]
                     found.setdefault(source, []).extend(
-                        (payload.key, event["matchType"], event["operation"], event["data"]["id"].rsplit("/", 1)[1])
-                        for event in payload.events)
+                        (key, event["matchType"], event["operation"], event["data"]["id"].rsplit("/", 1)[1])
+                        for event in events)
         return found
 
 

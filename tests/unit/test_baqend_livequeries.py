@@ -539,10 +539,10 @@ def test_equal_queries_share_one_state_matched_once_and_send_the_same_events(mon
     computed.clear()
     outputs = _QueryTable.apply(table, 0, "e0", [source.write("update", "a", g=1, n=2)])
     assert len(computed) == 4  # once a state, not once a query
-    assert [(route, payload.key) for route, payload in outputs] == [
+    assert [(route, payload[0]) for route, payload in outputs] == [
         *[(("gw", 10 + index), f"k{index}") for index in range(5)], (ROUTE, "sorted"), (ROUTE, "user"),
         (ROUTE, "filtered")]  # no event it asked for; the change for the gateway's view of its result
-    assert len({id(payload.events) for _, payload in outputs[:5]}) == 1  # one list, pickled once in a bundle
+    assert len({id(payload[1]) for _, payload in outputs[:5]}) == 1  # one list, pickled once in a bundle
     assert brief(_tagged(outputs)) == [*[("match", f"k{index}", [("change", "update", "a", None)]) for index in range(5)],
                                        ("match", "sorted", [("change", "update", "a", 0)]),
                                        ("match", "user", [("change", "update", "a", None)]),

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from actors.baqend.contract import Matches
+from actors.baqend.contract import matches
 from gateways.baqend import codec
 from gateways.baqend.config import BaqendConfig
 from gateways.baqend.session import BaqendDialect, BaqendSession, _Subscription
@@ -59,13 +59,13 @@ def test_equal_queries_events_get_each_subscriptions_id_and_a_new_list_or_date_i
     with mock.patch.object(codec, "date_now", return_value=DATE), \
             mock.patch.object(codec, "match_body", wraps=codec.match_body) as body:
         for session, sub_id in ((first, "a"), (first, 'b"'), (second, "c")):
-            session.on_event(Matches(f"key-{sub_id}", shared, meta))
+            session.on_event(matches(f"key-{sub_id}", shared, meta))
         assert body.call_count == 2  # one per event, for all three subscriptions
         # another list with the same fields, then the same list at another date: encoded again
-        second.on_event(Matches("key-c", [event("x", 1)], meta))
+        second.on_event(matches("key-c", [event("x", 1)], meta))
         assert body.call_count == 3
     with mock.patch.object(codec, "date_now", return_value="2026-12-05T12:00:00.001Z"):
-        second.on_event(Matches("key-c", shared, meta))
+        second.on_event(matches("key-c", shared, meta))
     assert first.wire.frames == [codec.encode_match(sub_id, fields, DATE) for sub_id in ("a", 'b"')
                                  for fields in shared]
     assert second.wire.frames[:3] == [codec.encode_match("c", fields, DATE) for fields in shared + [event("x", 1)]]
