@@ -146,12 +146,21 @@ class InitialResult(NamedTuple):
     documents: list
 
 
+class Matches(NamedTuple):
+    """Layout of a ``DELIVER_EVENT`` payload: the events one write caused in one query (a plain
+    tuple, built by :func:`matches`: a write sends one per matched query; the gateway tells it
+    from the NamedTuples above by its type)."""
+
+    key: str
+    events: list  # event fields
+    meta: tuple | None
+    # None: ``events`` are every change (the gateway tracks the result from them); else the query
+    # filters its events, and these are all of them as (matchType, id, tag or None, index or None)
+    view: list | None
+
+
 def matches(key: str, events: list, meta: tuple | None, view: list | None = None) -> tuple:
-    """A ``DELIVER_EVENT`` payload: the events one write caused in one query, as a plain tuple
-    ``(key, events, meta, view)`` (the gateway tells it from the NamedTuples above by its type):
-    ``events`` are the event fields; ``view`` None when they are every change (the gateway tracks
-    the result from them), else the query filters its events and ``view`` holds all of them as
-    (matchType, id, tag or None, index or None). Not a NamedTuple: a write sends one per matched
-    query, and pickling calls a NamedTuple's ``__getnewargs__`` (Python) for each: measured, ten
-    of them 10.1 µs to pickle and 6.1 µs to load, against 1.9 and 2.7 µs as tuples."""
+    """A :class:`Matches` layout. Not the NamedTuple itself: pickle calls a NamedTuple's
+    ``__getnewargs__`` (Python) for each one; measured, ten of them 10.1 µs to pickle and 6.1 µs
+    to load, against 1.9 and 2.7 µs as tuples."""
     return (key, events, meta, view)

@@ -300,7 +300,11 @@ class BaqendSession(DialectSession):
         gateway.accepted(meta, request.sub_id, size, self.wire.id)
 
     def on_event(self, payload: Any) -> None:
-        sub = self.by_key.get(payload[0])  # every payload's key comes first
+        if type(payload) is tuple:  # a query's matches (a contract.Matches layout)
+            key, events, meta, changes = payload
+        else:  # an InitialResult or a Baseline
+            key = payload.key
+        sub = self.by_key.get(key)
         if sub is None or self.closed:
             return
         if sub.expires is not None and time.time() > sub.expires:
@@ -322,7 +326,6 @@ class BaqendSession(DialectSession):
             self.gateway.account_delivery(sub.meta, len(frame), self.wire.id, self.wire.send_text(frame))
             sub.view = ResultView.of(payload.documents, _ordered(sub.spec))
             return
-        _, events, meta, changes = payload  # contract.matches: a plain tuple
         # Equal queries share one events list (their shard's state, one pickle in a bundle), and
         # their matches arrive one after another: its frames' bodies are encoded for the first.
         dialect = self.dialect
