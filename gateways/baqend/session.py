@@ -113,11 +113,9 @@ class BaqendDialect(Dialect):
         # refusals and closes of the limits, by what was refused
         self.limited = {"rest_rate": 0, "subscribe_rate": 0, "client_subscriptions": 0, "query_too_large": 0,
                         "token_expired": 0, "idle": 0}
-        # The last matches' events list, their date and their frames' bodies (codec.match_body),
+        # (events list, date, their frames' bodies) of the last matches sent (codec.match_body),
         # for the next subscription sent the same list (the list is read-only once made)
-        self.last_events: list | None = None
-        self.last_date = ""
-        self.last_bodies: list[bytes] = []
+        self.last_match: tuple[list | None, str, list[bytes]] = (None, "", [])
 
     def anonymous_client(self, remote: str) -> str:
         """Who an anonymous request from ``remote`` (``host:port``) counts as for per-client limits."""
@@ -329,11 +327,10 @@ class BaqendSession(DialectSession):
         # Equal queries share one events list (their shard's state, one pickle in a bundle), and
         # their matches arrive one after another: its frames' bodies are encoded for the first.
         dialect = self.dialect
-        if events is dialect.last_events and date == dialect.last_date:
-            bodies = dialect.last_bodies
-        else:
+        last_events, last_date, bodies = dialect.last_match
+        if events is not last_events or date != last_date:
             bodies = [codec.match_body(fields, date) for fields in events]
-            dialect.last_events, dialect.last_date, dialect.last_bodies = events, date, bodies
+            dialect.last_match = (events, date, bodies)
         prefix, wire = sub.prefix, self.wire
         dialect.matches += len(bodies)
         for body in bodies:
