@@ -445,14 +445,23 @@ def _topic(fields: dict, limits: Limits, msg_ref: Any) -> str:
     return topic
 
 
+_SLUG_TOPICS: dict[str, None] = {}  # topics seen to match _TOPIC (a publisher names one again and again)
+SLUG_TOPICS_MAX = 4096  # then it starts again empty: many topics cost a regex each, as without it
+
+
 def check_topic(topic: str, max_length: int = 256, msg_ref: Any = None) -> None:
     """Raise ``invalid_topic`` unless ``topic`` is ``app/room/topic`` (three slugs of A-Z a-z 0-9 _ . -)."""
     if len(topic) > max_length:
         raise nolag_error("invalid_topic", f"'topic' is {len(topic)} characters; at most {max_length}",
                           topic, msg_ref)
+    if topic in _SLUG_TOPICS:
+        return
     if _TOPIC.fullmatch(topic) is None:
         raise nolag_error("invalid_topic", "'topic' must be 'app/room/topic': three non-empty segments of "
                           "A-Z a-z 0-9 _ . -", topic, msg_ref)
+    if len(_SLUG_TOPICS) >= SLUG_TOPICS_MAX:
+        _SLUG_TOPICS.clear()
+    _SLUG_TOPICS[topic] = None
 
 
 def _filters(value: Any, limits: Limits) -> tuple[str, ...]:
@@ -573,6 +582,17 @@ def filters_updated(topic: str, filters: Iterable[str]) -> bytes:
 
 def published(topic: str, msg_ref: Any) -> bytes:
     return _pack({"type": "published", "topic": topic, "msgRef": msg_ref})
+
+
+def published_head(topic: str) -> bytes:
+    """What every ``published`` answer of ``topic`` starts with (:func:`published_frame`)."""
+    return b"\x83\xa4type\xa9published\xa5topic" + _pack(topic) + b"\xa6msgRef"
+
+
+def published_frame(head: bytes, msg_ref: Any) -> bytes:
+    """:func:`published` of the topic ``head`` was made for: the same bytes (a map packs its
+    entries in order), the topic packed once."""
+    return head + _pack(msg_ref)
 
 
 def presence_event(event: str, actor_token_id: str, presence: Any, joined_at: int, room_id: str | None = None,

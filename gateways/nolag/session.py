@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
+from functools import partial
 from typing import Any, Awaitable, Callable, NamedTuple, TypeVar
 
 import aiohttp
@@ -231,7 +232,7 @@ class NolagDialect(Dialect):
 
 
 class _Subscription:
-    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position", "may_publish",
+    __slots__ = ("topic", "qos", "filters", "load_balance", "group", "pending", "then", "position", "publishing",
                  "session", "wire")
 
     def __init__(self, topic: str, qos: int, filters: tuple[str, ...], load_balance: bool, group: str | None) -> None:
@@ -241,7 +242,9 @@ class _Subscription:
         # The shard timestamp of the last message the fan-out's live loop wrote on it (0: none); the
         # window's positions take it up in NolagSession.positions_now.
         self.position = 0
-        self.may_publish = False  # the key's publish patterns were seen to allow the topic (the key never changes)
+        # Set once the key's publish patterns were seen to allow the topic (the key never changes):
+        # the topic's shard key and link, and the start of its ``published`` answer, made once.
+        self.publishing: tuple[str, ShardLink, bytes] | None = None
         # Its session and that session's wire, set when the session holds it: what a fan-out
         # writes to, found by one lookup in ``NolagDialect.live_subs``.
         self.session: NolagSession | None = None
@@ -736,22 +739,33 @@ class NolagSession(DialectSession):
             raise NolagError("monthly_quota_exceeded", 42920, "the key's monthly message quota is used up",
                              topic, ref)
         sub = self.subs.get(topic)
-        if sub is None or not sub.may_publish:
+        publishing = None if sub is None else sub.publishing
+        if publishing is None:
             if not self.key.can_publish(topic):
                 raise codec.nolag_error("not_authorized", f"the key may not publish to {topic}", topic, ref)
             if sub is None:
                 raise codec.nolag_error("not_subscribed", f"subscribe to {topic} before publishing to it", topic, ref)
-            sub.may_publish = True
+            key = topic_key(self.project, topic)
+            publishing = sub.publishing = (key, self.shards.link(TOPIC, key), codec.published_head(topic))
+        key, link, head = publishing
         stored = request.qos >= 1 and self.config.log_retention_s > 0
         msg_id = uuid7() if stored else None  # time-ordered: the log's index grows at its end
-        key = topic_key(self.project, topic)
         exclude = None if request.echo else self.wire.id
-        command = nolag.publish(key, topic, request.data_packed, request.qos, request.filter, exclude, msg_id,
+        # The subscription's topic, not the frame's equal string: a batch's commands then share one
+        # object, which its pickle carries once.
+        command = nolag.publish(key, sub.topic, request.data_packed, request.qos, request.filter, exclude, msg_id,
                                 self.actor, meta)
-        if ref is None:
-            self._ask(key, command, None)
-        else:
-            self._ask(key, command, lambda _: self._send(codec.published(topic, ref)))
+        # Without a msgRef nothing is answered, a failure included (as before: no callback).
+        self.shards.send(link, command, None if ref is None else partial(self._published, head, ref))
+
+    def _published(self, head: bytes, ref: Any, result: Any) -> None:
+        """A publish's answer: ``published`` with its msgRef, or the error ``_ask`` would send."""
+        if self.closed:
+            return
+        if isinstance(result, (ShardUnavailable, CommandError)):
+            self._send(codec.error("internal_error", hint="the router could not complete the request; retry"))
+            return
+        self._send(codec.published_frame(head, ref))
 
     def on_event(self, payload: Any) -> None:
         if self.closed:

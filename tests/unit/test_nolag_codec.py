@@ -411,3 +411,27 @@ def test_error_frames():
         "hint": "'filter' contains '/', '#' or '+'"}
     assert unpack(codec.error_frame(codec.nolag_error("monthly_quota_exceeded", "quota", "a/b/c"))) == {
         "type": "error", "error": "monthly_quota_exceeded", "code": 42920, "topic": "a/b/c", "hint": "quota"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(topic=st.text(min_size=1, max_size=300),
+       ref=st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2 ** 63), max_value=2 ** 64 - 1),
+                     st.floats(allow_nan=False), st.text(max_size=300)))
+def test_a_published_answer_made_from_its_topics_head_is_the_bytes_of_the_whole_map(topic, ref):
+    assert codec.published_frame(codec.published_head(topic), ref) == codec.published(topic, ref)
+
+
+def test_a_topic_is_checked_once_and_the_ones_seen_valid_stay_bounded(monkeypatch):
+    monkeypatch.setattr(codec, "_SLUG_TOPICS", {})
+    monkeypatch.setattr(codec, "SLUG_TOPICS_MAX", 3)
+    codec.check_topic("a/b/c")
+    assert list(codec._SLUG_TOPICS) == ["a/b/c"]
+    for bad in ("a/b", "a/b/c/d", "a b/c/d", ""):
+        with pytest.raises(NolagError) as caught:
+            codec.check_topic(bad)
+        assert caught.value.error == "invalid_topic"
+    with pytest.raises(NolagError):  # a topic seen valid is still held to the length limit
+        codec.check_topic("a/b/c", max_length=4)
+    for topic in ("a/b/d", "a/b/e", "a/b/f"):
+        codec.check_topic(topic)
+    assert list(codec._SLUG_TOPICS) == ["a/b/f"]  # it was full: started again

@@ -14,12 +14,14 @@ from typing import Any
 
 import msgpack
 
+from actors.nolag import contract as nolag
 from actors.nolag.keys import month_of, open_key_store
 from actors.nolag.shard import NolagActors, NolagTopics
 from actors.pubsub import PubSub
 from actors.shard import Shard
 from gateways.nolag.session import MAX_WAITING_BYTES, NolagDialect
 from router import contract
+from router.errors import ShardUnavailable
 from router.settings import load_settings
 from router.shardmap import SESSION, TOPIC
 
@@ -235,3 +237,67 @@ def test_frames_waiting_behind_the_key_store_are_bounded_in_bytes_too(tmp_path):
         await dialect.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_publish_is_answered_by_its_own_outcome_and_only_if_it_has_a_msg_ref(store_settings):
+    """A publish with a ``msgRef`` gets ``published`` (for its topic and that ref) or, when its
+    topic shard fails it, ``internal_error``; one without a ``msgRef`` gets nothing either way; a
+    session closed before the answer gets nothing. The topic's shard key, link and answer head
+    are kept on the subscription from its first publish: a second topic has its own."""
+    settings = settings_of(store_settings)
+    keys = open_key_store(settings)
+    token, _ = keys.create("p")
+    other = "chat/room/other"
+
+    class FailingShards(Shards):
+        fail: set[Any] = set()  # msgRefs whose publish the shard fails
+        held: list[Any] = []  # (callback, result) kept back while ``holding``
+        holding = False
+
+        def send(self, link: str, command: tuple, callback: Any = None) -> None:
+            if command[0] == nolag.Op.PUBLISH and (command[2], command[3]) in self.fail:
+                result: Any = ShardUnavailable("topic shard unavailable")
+            else:
+                result = self.shard(link).handle("gw", [command])[0][0]
+            if callback is None:
+                return
+            if self.holding:
+                self.held.append((callback, result))
+            else:
+                callback(result)
+
+    async def scenario():
+        gateway = Gateway(settings)
+        gateway.shards = shards = FailingShards(settings)
+        dialect = NolagDialect(gateway, settings.nolag)
+        wire = Wire()
+        session = dialect.open_session(wire, [])
+        for data in (frame(type="auth", token=token), frame(type="subscribe", topic=TOPIC_NAME),
+                     frame(type="subscribe", topic=other)):
+            session.on_message(data, False)
+        await until(lambda: len(wire.frames) == 3, show=lambda: wire.frames)
+        shards.fail = {(TOPIC_NAME, msgpack.packb(2)), (TOPIC_NAME, msgpack.packb(4))}
+        for ref, topic in ((1, TOPIC_NAME), (2, TOPIC_NAME), ("r3", other), (None, TOPIC_NAME), (5, other)):
+            fields = {"type": "publish", "topic": topic, "data": 4 if ref is None else ref, "echo": False}
+            if ref is not None:
+                fields["msgRef"] = ref
+            session.on_message(msgpack.packb(fields), False)
+        assert replies(wire)[3:] == [
+            {"type": "published", "topic": TOPIC_NAME, "msgRef": 1},
+            {"type": "error", "error": "internal_error"},
+            {"type": "published", "topic": other, "msgRef": "r3"},
+            {"type": "published", "topic": other, "msgRef": 5},
+        ]
+        assert [sub.publishing[0] for sub in (session.subs[TOPIC_NAME], session.subs[other])] == [
+            f"nolag/p/{TOPIC_NAME}", f"nolag/p/{other}"]
+        shards.holding = True
+        session.on_message(frame(type="publish", topic=TOPIC_NAME, data=6, msgRef=6, echo=False), False)
+        assert len(shards.held) == 1  # the publish's answer, kept back
+        session.release()
+        for callback, result in shards.held:
+            callback(result)
+        assert len(wire.frames) == 7  # nothing written after the close
+        await dialect.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    keys.close()
