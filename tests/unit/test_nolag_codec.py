@@ -416,7 +416,7 @@ def test_error_frames():
 @settings(max_examples=200, deadline=None)
 @given(topic=st.text(min_size=1, max_size=300),
        ref=st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2 ** 63), max_value=2 ** 64 - 1),
-                     st.floats(allow_nan=False), st.text(max_size=300)))
+                     st.floats(allow_nan=False), st.text(max_size=300), st.binary(max_size=300)))
 def test_a_published_answer_made_from_its_topics_head_is_the_bytes_of_the_whole_map(topic, ref):
     assert codec.published_frame(codec.published_head(topic), ref) == codec.published(topic, ref)
 

@@ -254,6 +254,12 @@ def test_a_publish_is_answered_by_its_own_outcome_and_only_if_it_has_a_msg_ref(s
         held: list[Any] = []  # (callback, result) kept back while ``holding``
         holding = False
 
+        def link(self, kind: str, key: str) -> Any:
+            return (kind, key)  # the key's own link, so that a link kept for another key shows
+
+        def shard(self, link: Any) -> Shard:
+            return super().shard(link[0] if isinstance(link, tuple) else link)
+
         def send(self, link: str, command: tuple, callback: Any = None) -> None:
             if command[0] == nolag.Op.PUBLISH and (command[2], command[3]) in self.fail:
                 result: Any = ShardUnavailable("topic shard unavailable")
@@ -288,8 +294,8 @@ def test_a_publish_is_answered_by_its_own_outcome_and_only_if_it_has_a_msg_ref(s
             {"type": "published", "topic": other, "msgRef": "r3"},
             {"type": "published", "topic": other, "msgRef": 5},
         ]
-        assert [sub.publishing[0] for sub in (session.subs[TOPIC_NAME], session.subs[other])] == [
-            f"nolag/p/{TOPIC_NAME}", f"nolag/p/{other}"]
+        assert [sub.publishing[:2] for sub in (session.subs[TOPIC_NAME], session.subs[other])] == [
+            (f"nolag/p/{TOPIC_NAME}", (TOPIC, f"nolag/p/{TOPIC_NAME}")), (f"nolag/p/{other}", (TOPIC, f"nolag/p/{other}"))]
         shards.holding = True
         session.on_message(frame(type="publish", topic=TOPIC_NAME, data=6, msgRef=6, echo=False), False)
         assert len(shards.held) == 1  # the publish's answer, kept back
