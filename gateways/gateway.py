@@ -121,8 +121,12 @@ class Gateway:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> dict[str, Any]:
-        """Open the main port (port + index) and each dialect's own port; returns what listens where."""
+    async def start(self, previous_ports: list[int] | None = None) -> dict[str, Any]:
+        """Open the main port (port + index) and each dialect's own port; returns what listens where.
+
+        ``previous_ports``: the ports of the gateway this one replaces, in the same order. Where the
+        configured port is 0 (any), the replacement takes the port its predecessor had, so that its
+        clients reconnect where they were; a fresh one if that port is taken meanwhile."""
         if self.settings.gateway.lanes and self.node_id is not None:
             await self.shards.open_lanes(self.node_id)
         else:
@@ -136,11 +140,17 @@ class Gateway:
         for dialect in self.dialects:
             if dialect.port is not None:
                 plan.append((self._port(dialect.port), [dialect], [HttpRoute("GET", "/health", self._health)]))
-        for port, dialects, http_routes in plan:
+        previous = list(previous_ports or ())
+        for number, (port, dialects, http_routes) in enumerate(plan):
             listener = Listener(host, port, dialects, http_routes)
-            listener.server = await self.loop.create_server(
-                lambda listener=listener: Connection(self, listener), host, port, reuse_address=True, backlog=4096
-            )
+            if port == 0 and number < len(previous) and previous[number]:
+                try:
+                    listener.server = await self._listen(listener, host, previous[number])
+                except OSError as error:
+                    logger.warning("port %d of the gateway this one replaces is taken (%s): listening on a new one",
+                                   previous[number], error.strerror or error)
+            if listener.server is None:
+                listener.server = await self._listen(listener, host, port)
             listener.port = listener.server.sockets[0].getsockname()[1]
             self.listeners.append(listener)
         if self.events is not None:
@@ -149,6 +159,11 @@ class Gateway:
             await dialect.start()
         self._sweeper = self.loop.create_task(self._sweep())
         return self.describe()
+
+    async def _listen(self, listener: Listener, host: str, port: int) -> asyncio.Server:
+        return await self.loop.create_server(
+            lambda: Connection(self, listener), host, port, reuse_address=True, backlog=4096
+        )
 
     def _shard_restarted(self, link: Any) -> None:
         """A shard came back empty: each dialect's sessions re-announce what they held there."""
@@ -671,7 +686,7 @@ class GatewayActor:
         self._event_writer: Any = None
         self._stopped: asyncio.Event | None = None
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self, previous_ports: list[int] | None = None) -> dict[str, Any]:
         settings = self._settings
         counts = {kind: getattr(settings.shards, kind) for kind in shard_kinds(settings)}
         handles = {
@@ -690,7 +705,7 @@ class GatewayActor:
             ).remote(str(settings.events_dir), self._gateway_id, analytics.retention_hours)
         self._gateway = Gateway(self._gateway_id, self._index, settings, handles, asyncio.get_running_loop(),
                                 self._event_writer, ray.get_runtime_context().get_node_id())
-        described = await self._gateway.start()
+        described = await self._gateway.start(previous_ports)
         gc.freeze()  # what start-up loaded (Ray, pyarrow, the dialects) is never scanned again
         return described
 

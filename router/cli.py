@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -54,8 +55,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     try:
+        restarts = router.restarts
         while not stop.is_set() and router.supervise(timeout=0.5):
-            pass
+            if router.restarts != restarts:  # a replacement keeps the ports; say where, all the same
+                restarts = router.restarts
+                print("router: a gateway was replaced; listening:", flush=True)
+                _print_endpoints(settings, router.endpoints())
     finally:
         print("router: shutting down", flush=True)
         router.stop()
@@ -64,14 +69,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _on_cluster(settings: RouterSettings, action: Any) -> Any:
-    """``action(namespace)`` connected to the router's Ray cluster (``--address``, else ``auto``)."""
+    """``action(namespace)`` connected to the router's Ray cluster (``--address``, else ``auto``).
+
+    While connected, standard output goes to standard error: a Ray driver prints on its stdout what
+    the cluster publishes to every driver (``(raylet) …`` warnings: too many workers starting, a
+    node marked dead), which would break ``--json``; the command prints its own output after."""
     import ray
 
-    ray.init(address=settings.ray_address or "auto", namespace=settings.namespace, logging_level=logging.WARNING)
-    try:
-        return action(settings.namespace)
-    finally:
-        ray.shutdown()
+    with contextlib.redirect_stdout(sys.stderr):
+        ray.init(address=settings.ray_address or "auto", namespace=settings.namespace, logging_level=logging.WARNING)
+        try:
+            return action(settings.namespace)
+        finally:
+            ray.shutdown()
 
 
 def cmd_status(args: argparse.Namespace) -> int:

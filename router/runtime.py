@@ -11,7 +11,8 @@ Used by ``router serve`` and by the test suite, so both start the router the sam
   removes everything in the namespace.
 
 The supervisor watches its own gateways; when one dies it tells every shard to forget the
-gateway's connections and starts a replacement on the same ports. Shards are restarted by Ray
+gateway's connections and starts a replacement on the same ports (the ones the dead gateway had,
+also where the configured port is 0, i.e. any; a fresh one only if that port was taken meanwhile). Shards are restarted by Ray
 itself (``max_restarts=-1``), whichever router is alive; a shard also forgets a gateway whose lane
 closed and whose actor is gone (``actors/shard.py``), so a router killed with its gateways
 leaves nothing behind.
@@ -122,7 +123,7 @@ class Router:
             raise RuntimeError(f"ray_node = {wanted!r}: {len(found) or 'no'} live Ray nodes have that id or name")
         return found[0]
 
-    def _start_gateway(self, index: int) -> GatewayRecord:
+    def _start_gateway(self, index: int, previous_ports: list[int] | None = None) -> GatewayRecord:
         settings = self.settings
         base = settings.port or "any"
         gateway_id = f"{base}-{index}-{secrets.token_hex(3)}"
@@ -130,7 +131,7 @@ class Router:
         actor = GatewayActor.options(
             name=gateway_name(gateway_id), namespace=settings.namespace, scheduling_strategy=here
         ).remote(gateway_id, index, settings)
-        info = ray.get(actor.start.remote(), timeout=120)
+        info = ray.get(actor.start.remote(previous_ports), timeout=120)
         logger.info("gateway %s listening: %s", gateway_id, info["listeners"])
         return GatewayRecord(index, gateway_id, actor, actor.wait_stopped.remote(), info)
 
@@ -156,7 +157,8 @@ class Router:
                 logger.warning("the shards are gone (router stop): stopping")
                 return False
             self.forget_gateway(record.gateway_id)
-            replacement = self._start_gateway(record.index)
+            # On the dead one's ports, ephemeral ones too: its clients reconnect where they were.
+            replacement = self._start_gateway(record.index, [listener["port"] for listener in record.info["listeners"]])
             self.gateways[self.gateways.index(record)] = replacement
             self.restarts += 1
         return True

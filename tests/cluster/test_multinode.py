@@ -104,7 +104,11 @@ class Cluster:
         return done
 
     def status(self) -> dict[str, Any]:
-        return json.loads(self.cli("status", "--address", self.local.address, "--json").stdout)
+        done = self.cli("status", "--address", self.local.address, "--json")
+        try:
+            return json.loads(done.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"router status --json printed no JSON:\n{done.stdout}\n{done.stderr}") from None
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +137,10 @@ def cluster(postgres_server, tmp_path_factory):
     finally:
         local.stop()
         print(f"\nmulti-node cluster: {MEASURED}")
+        for router in local.routers:  # what went wrong, if anything did: warnings, replaced gateways
+            notable = [line for line in router.lines if re.search(r"WARNING|ERROR|Traceback|replaced|raylet", line)]
+            if notable:
+                print(f"router of node-{router.node}:", *notable[:40], sep="\n  ")
 
 
 def checked_lanes(status: dict[str, Any]) -> dict[str, int]:
@@ -209,6 +217,42 @@ def test_status_lists_nodes_gateways_shards_and_lanes_by_kind(cluster):
     assert "namespace cluster: 3 of 3 node(s) alive, 3 gateway(s), 6 shard(s); lanes 6 unix, 12 tcp" in human
     assert re.search(r"^node node-1 \w{12} \S+ alive$", human, re.M)
     assert re.search(r"^  topic-shard-0 .* lanes 1 unix 2 tcp ", human, re.M)
+
+
+# Published to every driver of the cluster, as a raylet's warnings are (too many workers starting, a
+# node marked dead), until killed: a driver prints them on its standard output.
+WARN_EVERY_DRIVER = """
+import sys, time
+from ray._private.utils import publish_error_to_driver
+from ray._raylet import GcsClient
+
+client = GcsClient(address=sys.argv[1])
+publish_error_to_driver("router_test", "a warning for every driver", client)
+print("warning", flush=True)
+while True:
+    time.sleep(0.02)
+    publish_error_to_driver("router_test", "a warning for every driver", client)
+"""
+
+
+def test_status_json_is_json_alone_while_the_cluster_warns_every_driver(cluster):
+    warner = subprocess.Popen([sys.executable, "-c", WARN_EVERY_DRIVER, cluster.local.address], env=cluster.env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    asked = 0
+    try:
+        assert warner.stdout.readline() == "warning\n", warner.stderr.read()  # it publishes: now ask
+        deadline = time.monotonic() + 90
+        while True:  # `status` is connected for a moment only: ask until a warning reaches it
+            done = cluster.cli("status", "--address", cluster.local.address, "--json")
+            asked += 1
+            assert sorted(json.loads(done.stdout)) == ["gateways", "lanes", "namespace", "nodes", "shards", "store"]
+            if "a warning for every driver" in done.stderr:  # it came, and went to stderr
+                break
+            assert time.monotonic() < deadline and warner.poll() is None, warner.stderr.read()
+    finally:
+        warner.kill()
+        warner.wait(10)
+    MEASURED["status asked until a warning reached it"] = asked
 
 
 # -- every dialect, across nodes -----------------------------------------------------------------

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUTER = str(Path(sys.executable).with_name("router"))
 READY_URL = re.compile(r"signal\s+(ws://\S+)")
 HEALTH_LINE = re.compile(r"^\s+health\s+http://")
+ENDPOINT = re.compile(r"signal\s+(ws://\S+)\s+\(gateway (\S+)\)")
 
 
 class Served:
@@ -94,6 +95,28 @@ def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime, t
     try:
         urls = served.signal_urls(2, 120)
         assert len(urls) == 2
+        for url in urls:
+            assert run(_hello(url))["type"] == "hub:heartbeat_ack"
+
+        # A gateway killed: the supervisor replaces it on the port it had (an ephemeral one here: the
+        # clients reconnect where they were) and prints where its gateways listen now.
+        import ray
+
+        from router.shardmap import gateway_name
+
+        doomed = ENDPOINT.search(next(line for line in served.lines if urls[1] in line))[2]
+        ray.kill(ray.get_actor(gateway_name(doomed), namespace="e2e-cli"), no_restart=True)
+        served.wait_for(r"^router: a gateway was replaced; listening:$", 60)
+        after = served.lines[served.lines.index("router: a gateway was replaced; listening:") + 1:]
+        deadline = time.monotonic() + 30
+        while sum(bool(HEALTH_LINE.match(line)) for line in after) < 2:
+            assert time.monotonic() < deadline and served.process.poll() is None, "\n".join(served.lines)
+            time.sleep(0.05)
+            after = served.lines[served.lines.index("router: a gateway was replaced; listening:") + 1:]
+        now = [ENDPOINT.search(line).groups() for line in after if ENDPOINT.search(line)]
+        assert [url for url, _ in now] == urls
+        assert now[0][1] == ENDPOINT.search(next(line for line in served.lines if urls[0] in line))[2]
+        assert now[1][1] != doomed and now[1][1].startswith("any-1-")
         for url in urls:
             assert run(_hello(url))["type"] == "hub:heartbeat_ack"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -11,15 +12,16 @@ import ray
 from websockets.exceptions import ConnectionClosed
 
 from tests.e2e.client import HubClient, run
-from tests.e2e.conftest import free_consecutive_ports, start_router
+from tests.e2e.conftest import refresh, start_router
 from tests.e2e.kills import stop, thread_states
 
 
 @pytest.fixture(scope="module")
 def fragile(ray_runtime, tmp_path_factory):
-    port = free_consecutive_ports(2)
+    # Ephemeral ports (port 0): a replacement must find its predecessor's port without a configured one.
+    # (A configured port is kept by the NoLag healing tests' routers.)
     running = start_router(
-        namespace="e2e-fragile", port=port, gateways=2, ray_dashboard=False,
+        namespace="e2e-fragile", port=0, gateways=2, ray_dashboard=False,
         data_dir=tmp_path_factory.mktemp("fragile-data"),
         shards={"session": 1, "topic": 1, "registry": 1},
         signal={"request_timeout_s": 1.0},
@@ -76,6 +78,39 @@ def test_a_dead_gateway_is_replaced_on_its_port_and_the_shards_forget_it(fragile
     finally:
         loop.close()
     run(after())
+
+
+def test_a_replacement_whose_port_was_taken_meanwhile_listens_on_a_new_one(fragile):
+    router = fragile.router
+    victim = router.gateways[1]
+    port = victim.info["listeners"][0]["port"]
+    ray.kill(victim.actor, no_restart=True)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past its closed connections' TIME_WAIT
+        deadline = time.monotonic() + 20
+        while True:  # the port is free once the dead actor's process has closed it
+            try:
+                squatter.bind(("0.0.0.0", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"port {port} still taken after the gateway died"
+                time.sleep(0.05)
+        squatter.listen()
+        deadline = time.monotonic() + 60
+        while router.restarts < 2 and time.monotonic() < deadline:
+            router.supervise(timeout=0.5)
+        assert router.restarts == 2
+    moved = router.gateways[1].info["listeners"][0]["port"]
+    assert moved not in (0, port)
+    refresh(fragile)
+    assert fragile.ws_urls[1].split("/")[2] == f"127.0.0.1:{moved}"
+
+    async def works():
+        client = await HubClient.open(fragile.ws_urls[1], "res/moved")
+        assert (await client.request("hub:heartbeat", {}))["type"] == "hub:heartbeat_ack"
+        await client.close()
+
+    run(works())
 
 
 def test_a_stalled_shard_answers_timeout_then_recovers(fragile):
