@@ -17,6 +17,8 @@ runs it, for the tests (``tests/cluster/``) and benchmarks.
 - **A node lost** (:meth:`remove_node`) is a machine lost: SIGKILL at once to every process of the
   node's session (raylet, workers, agents) and to its router; Ray notices it missed the node's
   health checks and restarts the shards that ran there on the nodes left.
+- **Logs.** Each node's Ray output is in ``<root>/node-<i>.log``, each router's in
+  ``<root>/router-<node>-<n>.log`` (kept when ``root`` was given, as the tests give it).
 - :meth:`stop` stops the routers one at a time (SIGINT, as Ctrl-C: the last one removes the shards),
   then the nodes, and raises if any process it started is still there.
 """
@@ -127,16 +129,22 @@ class RouterProcess:
     endpoints: dict[str, str] = field(default_factory=dict)  # dialect -> ws:// URL
     http: str = ""  # http://host:port of its gateway's main port
     gateway: str = ""  # its gateway's id
+    log: Path | None = None  # where its output is copied as it comes (it outlives a failed run)
 
     def _read(self) -> None:
-        for line in self.process.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if match := ENDPOINT.match(line):
-                self.endpoints[match[1]] = match[2]
-                self.gateway = match[3]
-            elif match := HEALTH.match(line):
-                self.http = match[1]
+        with open(self.log or os.devnull, "a") as copy:
+            for line in self.process.stdout:
+                copy.write(line)
+                copy.flush()
+                self._line(line.rstrip("\n"))
+
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        if match := ENDPOINT.match(line):
+            self.endpoints[match[1]] = match[2]
+            self.gateway = match[3]
+        elif match := HEALTH.match(line):
+            self.http = match[1]
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -273,7 +281,7 @@ class LocalCluster:
         environment = self.env({**(env or {}), "ROUTER_RAY_NODE": self.nodes[node].name})
         process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        router = RouterProcess(node, process)
+        router = RouterProcess(node, process, log=self.root / f"router-{node}-{len(self.routers)}.log")
         threading.Thread(target=router._read, name=f"router-{node}-output", daemon=True).start()
         self.routers.append(router)
         if wait:
