@@ -140,7 +140,7 @@ class Gateway:
         for dialect in self.dialects:
             if dialect.port is not None:
                 plan.append((self._port(dialect.port), [dialect], [HttpRoute("GET", "/health", self._health)]))
-        previous = list(previous_ports or ())
+        previous = previous_ports or ()
         for number, (port, dialects, http_routes) in enumerate(plan):
             listener = Listener(host, port, dialects, http_routes)
             if port == 0 and number < len(previous) and previous[number]:

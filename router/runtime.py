@@ -12,8 +12,8 @@ Used by ``router serve`` and by the test suite, so both start the router the sam
 
 The supervisor watches its own gateways; when one dies it tells every shard to forget the
 gateway's connections and starts a replacement on the same ports (the ones the dead gateway had,
-also where the configured port is 0, i.e. any; a fresh one only if that port was taken meanwhile). Shards are restarted by Ray
-itself (``max_restarts=-1``), whichever router is alive; a shard also forgets a gateway whose lane
+also where the configured port is 0, i.e. any; a fresh one only if that port was taken meanwhile).
+Shards are restarted by Ray itself (``max_restarts=-1``), whichever router is alive; a shard also forgets a gateway whose lane
 closed and whose actor is gone (``actors/shard.py``), so a router killed with its gateways
 leaves nothing behind.
 

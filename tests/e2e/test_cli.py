@@ -107,13 +107,12 @@ def test_router_serve_joins_a_running_cluster_and_stops_on_ctrl_c(ray_runtime, t
         doomed = ENDPOINT.search(next(line for line in served.lines if urls[1] in line))[2]
         ray.kill(ray.get_actor(gateway_name(doomed), namespace="e2e-cli"), no_restart=True)
         served.wait_for(r"^router: a gateway was replaced; listening:$", 60)
-        after = served.lines[served.lines.index("router: a gateway was replaced; listening:") + 1:]
+        start = served.lines.index("router: a gateway was replaced; listening:") + 1
         deadline = time.monotonic() + 30
-        while sum(bool(HEALTH_LINE.match(line)) for line in after) < 2:
+        while sum(bool(HEALTH_LINE.match(line)) for line in served.lines[start:]) < 2:
             assert time.monotonic() < deadline and served.process.poll() is None, "\n".join(served.lines)
             time.sleep(0.05)
-            after = served.lines[served.lines.index("router: a gateway was replaced; listening:") + 1:]
-        now = [ENDPOINT.search(line).groups() for line in after if ENDPOINT.search(line)]
+        now = [found.groups() for line in served.lines[start:] if (found := ENDPOINT.search(line))]
         assert [url for url, _ in now] == urls
         assert now[0][1] == ENDPOINT.search(next(line for line in served.lines if urls[0] in line))[2]
         assert now[1][1] != doomed and now[1][1].startswith("any-1-")
