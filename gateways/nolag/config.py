@@ -68,7 +68,7 @@ class NolagConfig(Section):
     # The message log: QoS >= 1 messages are stored for replay; retention per topic pattern, else the default.
     log_retention_s: float = Field(default=3600, ge=0)
     log_retention: dict[str, float] = Field(default_factory=dict)
-    max_replay: int = Field(default=1000, ge=0)
+    max_replay: int = Field(default=1000, ge=0, le=10_000)  # messages a replay sends at most
     lobbies: dict[str, NolagLobby] = Field(default_factory=dict)
     hydration: list[NolagHydration] = Field(default_factory=list)
     hydration_timeout_s: float = Field(default=3, gt=0)

@@ -319,6 +319,7 @@ def test_file_errors_name_the_field(tmp_path):
         ({"signal": {"max_message_bytes": 2 * 1024 * 1024}}, "signal: max_message_bytes must not exceed max_frame_bytes"),
         ({"signal": {"discover_default_limit": 2000}}, "signal: discover_default_limit must not exceed discover_max_limit"),
         ({"signal": {"default_ttl_ms": 10**9}}, "signal: default_ttl_ms must not exceed max_ttl_ms"),
+        ({"nolag": {"max_replay": 10_001}}, "nolag.max_replay: Input should be less than or equal to 10000"),
         (
             {"signal": {"anonymous_capabilities": ["send", "fly"]}},
             "signal.anonymous_capabilities: unknown capabilities ['fly']; "
