@@ -11,6 +11,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgpack
 import psycopg
 import pytest
 
@@ -129,8 +130,9 @@ def test_a_qos1_message_is_replayed_after_a_reconnect_from_the_postgresql_log(pg
         return [m["msgId"] for m in replayed]
 
     msg_ids = run(scenario())
-    logged = pg_nolag.rows(f"SELECT msg_id, qos FROM nolag_messages WHERE topic = 'nolag/{PROJECT}/{topic}' "
-                           "ORDER BY seq")
+    segments = pg_nolag.rows(f"SELECT records FROM nolag_message_segments WHERE topic = 'nolag/{PROJECT}/{topic}' "
+                             "ORDER BY seq")
+    logged = [(msg_id, qos) for (packed,) in segments for msg_id, _, _, qos, _ in msgpack.unpackb(packed)]
     assert logged == [(msg_id, 1) for msg_id in msg_ids]
     assert pg_nolag.rows(f"SELECT topic, qos FROM nolag_subscriptions WHERE actor = '{actor}'") == [(topic, 1)]
     assert not any((pg_nolag.data_dir / name).exists() for name in SQLITE_FILES)
