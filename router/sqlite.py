@@ -41,11 +41,13 @@ def open_wal(path: Path) -> sqlite3.Connection:
 def write_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction on an autocommit connection: taken at once (``BEGIN IMMEDIATE``, so a
     writer in another process makes it wait rather than fail halfway), committed when the block
-    ends, rolled back if it raises."""
+    ends, rolled back if it raises or its COMMIT fails (SQLite can leave the transaction open
+    then: the connection would refuse every later ``BEGIN``)."""
     db.execute("BEGIN IMMEDIATE")
     try:
         yield db
+        db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:
+            db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
