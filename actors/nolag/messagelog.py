@@ -72,6 +72,7 @@ class LogRecord(NamedTuple):
 
 
 Segment = tuple  # (topic, min_ts, max_ts, count, packed records): a row to insert
+_PACK = msgpack.Packer(use_bin_type=True).pack
 
 
 def segments_of(records: Iterable[LogRecord]) -> list[Segment]:
@@ -79,35 +80,27 @@ def segments_of(records: Iterable[LogRecord]) -> list[Segment]:
     ``SEGMENT_MAX_RECORDS`` records, ``SEGMENT_MAX_BYTES`` of data or when its ts range would pass
     ``SEGMENT_MAX_SPAN_MS``. Each record is checked first (a record that could not be read back
     fails the whole append, before anything is written)."""
-    by_topic: dict[str, list] = {}  # topic -> [its pieces, the data bytes of its last piece]
+    by_topic: dict[str, list[list]] = {}  # topic -> its pieces: [items, lowest ts, highest ts, data bytes]
     for record in records:
         topic, msg_id, ts_ms, data, qos, filter_ = record
         if (type(topic) is not str or type(msg_id) is not str or type(ts_ms) is not int or type(data) is not bytes
                 or type(qos) is not int or not (filter_ is None or type(filter_) is str)
                 or not _BOTTOM < ts_ms <= _TOP):
             raise ValueError(f"not a storable log record: {record!r:.200}")
-        state = by_topic.get(topic)
-        if state is None:
-            state = by_topic[topic] = [[[]], 0, ts_ms, ts_ms]
-        piece = state[0][-1]
-        low = min(state[2], ts_ms)
-        high = max(state[3], ts_ms)
-        if len(piece) >= SEGMENT_MAX_RECORDS or state[1] >= SEGMENT_MAX_BYTES or high - low > SEGMENT_MAX_SPAN_MS:
-            piece = []
-            state[0].append(piece)
-            state[1] = 0
-            low = high = ts_ms
-        piece.append((msg_id, ts_ms, data, qos, filter_))
-        state[1] += len(data)
-        state[2] = low
-        state[3] = high
-    pack = msgpack.Packer(use_bin_type=True).pack
-    rows: list[Segment] = []
-    for topic, (pieces, *_) in by_topic.items():
-        for piece in pieces:
-            stamps = [item[1] for item in piece]
-            rows.append((topic, min(stamps), max(stamps), len(piece), pack(piece)))
-    return rows
+        pieces = by_topic.get(topic)
+        piece = pieces[-1] if pieces else None
+        if (piece is None or len(piece[0]) >= SEGMENT_MAX_RECORDS or piece[3] >= SEGMENT_MAX_BYTES
+                or max(piece[2], ts_ms) - min(piece[1], ts_ms) > SEGMENT_MAX_SPAN_MS):
+            piece = [[], ts_ms, ts_ms, 0]
+            by_topic.setdefault(topic, []).append(piece)
+        piece[0].append((msg_id, ts_ms, data, qos, filter_))
+        if ts_ms < piece[1]:
+            piece[1] = ts_ms
+        elif ts_ms > piece[2]:
+            piece[2] = ts_ms
+        piece[3] += len(data)
+    return [(topic, low, high, len(items), _PACK(items))
+            for topic, pieces in by_topic.items() for items, low, high, _ in pieces]
 
 
 def records_of(topic: str, packed: bytes) -> list[LogRecord]:
@@ -160,7 +153,10 @@ def ordered_metas(page: Page, topics: Iterable[str], after_ts_ms: int, newest: b
     (``page`` gives up to ``count`` of one topic's after ``cursor`` in that order) and merged across
     topics. Oldest first, a segment spans at most ``SEGMENT_MAX_SPAN_MS``: one with a record after
     ``after_ts_ms`` starts after ``after_ts_ms - SEGMENT_MAX_SPAN_MS``, so the pages start there
-    (on the ``min_ts`` index) rather than at the topic's first segment."""
+    (on the ``min_ts`` index) rather than at the topic's first segment. ``after_ts_ms`` is held
+    within a BIGINT for the store (no ts is lost: a ts is above its lowest value)."""
+    after_ts_ms = min(max(after_ts_ms, _BOTTOM), _TOP)
+
     def one(topic: str) -> Iterator[tuple[int, int, int]]:
         if newest:
             cursor = (_TOP, _TOP)
@@ -198,11 +194,12 @@ def _first_of_each(found: list[tuple]) -> list[tuple]:
     return kept
 
 
-def _pruned(packed: bytes, cut: int) -> tuple[list, int]:
-    """A segment's records at or after ``cut`` (as stored), and how many went."""
+def _pruned(packed: bytes, cut: int) -> tuple[tuple[int, int, bytes], int]:
+    """A segment's records at or after ``cut`` (one at least: the caller's segment ends there or
+    later) as its new ``(min_ts, count, records)``, and how many went."""
     items = msgpack.unpackb(packed, raw=False, use_list=False)
     kept = [item for item in items if item[1] >= cut]
-    return kept, len(items) - len(kept)
+    return (min(item[1] for item in kept), len(kept), _PACK(kept)), len(items) - len(kept)
 
 
 class MessageLog(ABC):
@@ -234,9 +231,6 @@ class MessageLog(ABC):
 
     def close(self) -> None:
         pass
-
-
-_PACK = msgpack.Packer(use_bin_type=True).pack
 
 
 class SqliteMessageLog(MessageLog):
@@ -285,7 +279,6 @@ class SqliteMessageLog(MessageLog):
     def since(self, topics: list[str], after_ts_ms: int, limit: int, newest: bool = False) -> list[LogRecord]:
         if limit <= 0 or not topics:
             return []
-        after_ts_ms = min(max(after_ts_ms, _BOTTOM), _TOP)
         db = self._db
         db.execute("BEGIN")  # one snapshot for the ranges and the segments read after them
         try:
@@ -321,7 +314,7 @@ class SqliteMessageLog(MessageLog):
                     kept, gone = _pruned(packed, cut)
                     removed += gone
                     db.execute("UPDATE message_segments SET min_ts = ?, count = ?, records = ? WHERE seq = ?",
-                               (min(item[1] for item in kept), len(kept), _PACK(kept), seq))
+                               (*kept, seq))
         return removed
 
     def last_stamps(self, since_ts_ms: int) -> dict[str, int]:
@@ -407,7 +400,6 @@ class PostgresMessageLog(MessageLog):
     def since(self, topics: list[str], after_ts_ms: int, limit: int, newest: bool = False) -> list[LogRecord]:
         if limit <= 0 or not topics:
             return []
-        after_ts_ms = min(max(after_ts_ms, _BOTTOM), _TOP)
         with transaction(self._pool) as db:
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot for every read
 
@@ -442,10 +434,10 @@ class PostgresMessageLog(MessageLog):
                                 "JOIN unnest(%s::text[], %s::bigint[]) AS c (topic, cut) "
                                 "ON m.topic = c.topic AND m.min_ts < c.cut AND m.max_ts >= c.cut", arrays).fetchall()
             for seq, packed, cut in across:
-                kept, dropped = _pruned(bytes(packed), cut)
-                removed += dropped
+                kept, gone = _pruned(bytes(packed), cut)
+                removed += gone
                 db.execute("UPDATE nolag_message_segments SET min_ts = %s, count = %s, records = %s WHERE seq = %s",
-                           (min(item[1] for item in kept), len(kept), _PACK(kept), seq))
+                           (*kept, seq))
         return removed
 
     def last_stamps(self, since_ts_ms: int) -> dict[str, int]:
