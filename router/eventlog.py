@@ -208,7 +208,8 @@ def _node_tag() -> str:
 # The packed records, little-endian int64s. An accepted message: when, its sequence number and
 # ingress time, its size, its connection, its stream (origin, dialect, kind, topic: a number in the
 # flush's table). A fan-out group: when, sequence number, ingress time, size, stream, how many
-# connections, and the connection when there is one (the ids of a larger group are in ``Flush.ids``).
+# connections, and the connection when there is one; for a larger group, where its ids start in
+# ``Flush.ids`` (the groups of a run share them).
 _INGRESS = struct.Struct("<6q")
 _GROUP = struct.Struct("<7q")
 _INGRESS_SIZE = _INGRESS.size
@@ -239,7 +240,7 @@ class Flush:
     ingress_end: int
     groups: list[Any]
     groups_end: int
-    ids: Any  # an int64 array: the connection ids of the groups of more than one connection, in order
+    ids: Any  # an int64 array: the connection ids of the groups of more than one connection, each run's once
     streams: list[tuple]  # (origin, dialect, kind, topic) by stream number
     protocol_ids: list[Any]  # by ingress chunk, the protocol's id of each record (or None)
 
@@ -368,11 +369,10 @@ class EventLog:
             return
         if count > 1:
             if connections is self._run_ids:
-                packed = self._run_packed
+                at, packed = self._run_at, None  # the run's ids are in the flush already
             else:
                 packed = array.array("q", connections)  # a bad id raises here
-                if type(connections) is tuple:  # immutable: the groups of a run share it, packed once
-                    self._run_ids, self._run_packed = connections, packed
+                at = len(self._ids)
         origin, seq, ingress_ns, dialect, kind, topic = meta
         key = (origin, dialect, kind, topic)
         streams = self._streams
@@ -386,8 +386,11 @@ class EventLog:
         if count == 1:
             _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, 1, connections[0])
         else:
-            _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, 0)
-            self._ids.extend(packed)  # from an array: a copy of its bytes, not an int at a time
+            _GROUP.pack_into(self._group_chunk, offset, ts_ns, seq, ingress_ns, nbytes, stream, count, at)
+            if packed is not None:
+                self._ids.extend(packed)  # from an array: a copy of its bytes, not an int at a time
+                if type(connections) is tuple:  # immutable: the next groups of a run point at these ids
+                    self._run_ids, self._run_at = connections, at
         if new:
             streams[key] = stream
         self._groups_at = offset + _GROUP_SIZE
@@ -413,10 +416,11 @@ class EventLog:
         record that needs one: the current chunk reads as full until then."""
         self._streams: dict[tuple, int] = {}
         self._ids = array.array("q")
-        # The last tuple of connection ids of a group of several, and its ids packed: a fan-out run's
-        # groups (a topic's reply to a window of publishes) share one tuple, so they are packed once.
+        # The last tuple of connection ids of a group of several, and where its ids start in ``_ids``:
+        # a fan-out run's groups (a topic's reply to a window of publishes) share one tuple, so its
+        # ids are packed and sent to the writer once a flush, every group pointing at them.
         self._run_ids: tuple | None = None
-        self._run_packed = array.array("q")
+        self._run_at = 0
         self._ingress_full: list[tuple[bytearray, list]] = []
         self._ingress_chunk: bytearray | None = None
         self._protocol_ids: list | None = None
@@ -847,13 +851,17 @@ def _events(table: pa.Table) -> int:
 def _connections(connection: np.ndarray, group_counts: np.ndarray, accepted: int, ids: Any,
                  order: np.ndarray | None) -> pa.Array:
     """The ``connections`` column: each record's ids, the records taken in ``order``. ``connection``
-    holds every record's own (the accepted messages', then the groups'), which a group of several
-    leaves 0: its ids are the next ones of ``ids`` (the groups' ids in their order)."""
+    holds every record's own (the accepted messages', then the groups'); for a group of several,
+    where its ids start in ``ids`` (its count of them; the groups of a run point at the same ones)."""
     lengths = np.concatenate((np.ones(accepted, dtype=np.int64), group_counts))
     values = connection
     if len(group_counts) and not (group_counts == 1).all():
+        several = lengths != 1
+        counts = lengths[several]
+        firsts = np.cumsum(counts) - counts  # where each group of several starts among their values
+        at = np.repeat(connection[several] - firsts, counts) + np.arange(int(counts.sum()))
         values = np.repeat(connection, lengths)
-        values[np.repeat(lengths != 1, lengths)] = np.frombuffer(ids, dtype=np.int64)
+        values[np.repeat(several, lengths)] = np.frombuffer(ids, dtype=np.int64)[at]
         if order is not None:  # each record's ids, taken in the records' order
             starts = np.cumsum(lengths) - lengths
             lengths = lengths[order]
