@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: all of them")
     parser.add_argument("--subscribers", type=_ints, default=[1, 100, 1000], help="fanout: S values (default 1,100,1000)")
     parser.add_argument("--deliveries", type=int, default=Options.deliveries,
-                        help="fanout S>1 and topics: deliveries per case")
+                        help="fanout S>1 on raw and Redis, topics and the dialects' own cases: deliveries per case")
+    parser.add_argument("--router-deliveries", type=int, default=Options.router_deliveries,
+                        help="fanout S>1 on a router (Signal Hub, NoLag at QoS 0 and 1): deliveries per case")
     parser.add_argument("--messages-s1", type=int, default=Options.messages_s1, help="fanout S=1: messages")
     parser.add_argument("--p2p-messages", type=int, default=Options.p2p_messages)
     parser.add_argument("--pairs", type=int, default=20, help="p2p: sender/receiver pairs")
@@ -235,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario == "matching":
         return _matching(args)
     options = Options(
-        subscribers=args.subscribers, deliveries=args.deliveries, messages_s1=args.messages_s1, window=args.window,
+        subscribers=args.subscribers, deliveries=args.deliveries, router_deliveries=args.router_deliveries,
+        messages_s1=args.messages_s1, window=args.window,
         procs=args.procs, pairs=args.pairs, p2p_messages=args.p2p_messages, rate=args.rate,
         latency_seconds=args.latency_seconds, latency_subscribers=args.latency_subscribers,
         connections=args.connections, churn_seconds=args.churn_seconds, timeout=args.timeout, idle_s=args.idle,

@@ -43,6 +43,7 @@ class Unavailable(Exception):
 class System:
     name = ""
     dialect = ""  # the load generators' dialect (``router.bench.loadgen.dialect_class``)
+    is_router = False  # a router (its fan-out cases carry ``Options.router_deliveries``)
 
     def accepts(self, case: Any) -> bool:
         """Whether ``case`` runs on this system: a baseline runs the shared scenarios (a case of no
@@ -180,6 +181,8 @@ class RouterSystem(System):
     writer; the load generators are placed by the harness) the other CPUs. With more gateways
     nothing is pinned."""
 
+    is_router = True
+
     def __init__(self, gateways: int = 1, shards: int | None = None, eventlog: bool = True,
                  name: str = "router", dialect: str = "signal", cpu: int | None = None) -> None:
         self.gateways, self.shards, self.eventlog, self.name = gateways, shards, eventlog, name
@@ -290,6 +293,7 @@ class ClusterRouterSystem(System):
     nodes share its cores, so the figures show what the cluster's extra hops cost (TCP lanes
     between nodes instead of Unix ones), not what a node's own CPUs add (README, "Scale-out")."""
 
+    is_router = True
     dialect = "signal"
 
     def __init__(self, nodes: int, shards: int | None = None, eventlog: bool = True, name: str = "") -> None:

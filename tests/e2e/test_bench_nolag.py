@@ -18,7 +18,7 @@ def test_router_bench_runs_every_nolag_scenario_with_exact_counts(tmp_path):
     out = tmp_path / "bench-all-nolag.json"
     completed = subprocess.run(
         [ROUTER, "bench", "all", "--dialect", "nolag", "--systems", "router", "--subscribers", "100",
-         "--deliveries", "20000", "--connections", "200", "--latency-seconds", "1", "--rate", "200",
+         "--deliveries", "20000", "--router-deliveries", "20000", "--connections", "200", "--latency-seconds", "1", "--rate", "200",
          "--latency-subscribers", "5", "--churn-seconds", "1", "--param", "nolag.members=50",
          "--timeout", "30", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=150,

@@ -44,7 +44,7 @@ from router.bench import loadgen
 from router.bench.dialects import Profile, register
 from router.bench.loadgen import PAYLOAD_BYTES, Dialect, Subscribers
 from router.bench.report import delivery_rate
-from router.bench.scenarios import Case, Options, split, url_of
+from router.bench.scenarios import Case, Options, fanout_publishes, split, url_of
 from router.bench.wire import HANDLE, STAMP, Tally, WsClient, open_ws
 
 KEYS = 1000  # API keys made for a benchmark router; connection i uses key i mod KEYS
@@ -460,10 +460,10 @@ def qos1_cases(options: Options) -> list[Case]:
     ack_every = options.param("nolag.ack_every", ACK_EVERY)
     cases = []
     for subscribers in counts:
-        publishes = max(1, options.deliveries // subscribers)
         topic = f"qos1/{subscribers}"
 
-        def jobs(system: Any, subscribers: int = subscribers, publishes: int = publishes, topic: str = topic):
+        def jobs(system: Any, subscribers: int = subscribers, topic: str = topic):
+            publishes = fanout_publishes(options, system, subscribers)  # as Signal Hub's case it is set against
             connections = [{"url": url_of(system, i), "name": f"bench/s{i}", "topics": [topic]}
                            for i in range(subscribers)]
             out = [("nolag-acking", {"connections": group, "expected": len(group) * publishes, "qos": 1,
