@@ -53,9 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: all of them")
     parser.add_argument("--subscribers", type=_ints, default=[1, 100, 1000], help="fanout: S values (default 1,100,1000)")
     parser.add_argument("--deliveries", type=int, default=Options.deliveries,
-                        help="fanout S>1 on raw and Redis, topics and the dialects' own cases: deliveries per case")
+                        help="fanout S>1 on raw, Redis and a cluster (--nodes), topics, NoLag groups and Cashu notify: "
+                             "deliveries per case")
     parser.add_argument("--router-deliveries", type=int, default=Options.router_deliveries,
-                        help="fanout S>1 on a router (Signal Hub, NoLag at QoS 0 and 1): deliveries per case")
+                        help="fanout S>1 on the embedded router (Signal Hub, NoLag at QoS 0 and qos1): deliveries per case")
     parser.add_argument("--messages-s1", type=int, default=Options.messages_s1, help="fanout S=1: messages")
     parser.add_argument("--p2p-messages", type=int, default=Options.p2p_messages)
     parser.add_argument("--pairs", type=int, default=20, help="p2p: sender/receiver pairs")

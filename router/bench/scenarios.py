@@ -116,9 +116,11 @@ def _rate_row(metric: str) -> Callable:
 
 
 def fanout_publishes(options: Options, system: System, subscribers: int) -> int:
-    """Publishes of a fan-out case to ``subscribers`` (S>1) on ``system``: a router's carries
-    ``router_deliveries``, a baseline's ``deliveries``."""
-    return max(1, (options.router_deliveries if system.is_router else options.deliveries) // subscribers)
+    """Publishes of a fan-out case to ``subscribers`` on ``system``: ``messages_s1`` to one; to
+    more, ``router_deliveries`` in all on the embedded router, ``deliveries`` on the others."""
+    if subscribers == 1:
+        return options.messages_s1
+    return max(1, (options.router_deliveries if system.fast_fanout else options.deliveries) // subscribers)
 
 
 def fanout_cases(options: Options) -> list[Case]:
@@ -127,7 +129,7 @@ def fanout_cases(options: Options) -> list[Case]:
         topic = f"fanout/{subscribers}"
 
         def jobs(system: System, subscribers=subscribers, topic=topic):
-            publishes = options.messages_s1 if subscribers == 1 else fanout_publishes(options, system, subscribers)
+            publishes = fanout_publishes(options, system, subscribers)
             connections = [{"url": url_of(system, i), "name": f"bench/s{i}", "topics": [topic]} for i in range(subscribers)]
             out = [("subscribers", {"connections": group, "expected": len(group) * publishes})
                    for group in split(connections, options.procs)]

@@ -4,8 +4,8 @@ API keys), and two of its own.
 - ``qos1``: the fan-out at QoS 1 (rows of scenario ``fanout``, case ``S=100 QoS 1``: set against
   Signal Hub's ``S=100``): every message is logged, carries a ``msgId`` and ``requiresAck``, and
   the subscribers acknowledge with ``batchAck`` (every ``nolag.ack_every`` messages, and when a
-  connection goes quiet). The same
-  number of deliveries as ``fanout`` (``--deliveries``); S = 100, or ``--param
+  connection goes quiet). As many deliveries as Signal Hub's ``fanout`` to as many subscribers
+  (``--router-deliveries``; ``--messages-s1`` publishes to one); S = 100, or ``--param
   nolag.qos1_subscribers=100,1000`` (at S = 1,000 one shard reply carries up to a million
   deliveries, which the gateway writes over several loop turns: ``gateway.max_deliveries_per_turn``).
 - ``groups``: load balancing. ``nolag.members`` subscribers (default 100) in ``nolag.groups``
