@@ -853,25 +853,21 @@ def _connections(connection: np.ndarray, group_counts: np.ndarray, accepted: int
     """The ``connections`` column: each record's ids, the records taken in ``order``. ``connection``
     holds every record's own (the accepted messages', then the groups'); for a group of several,
     where its ids start in ``ids`` (its count of them; the groups of a run point at the same ones)."""
+    if not len(group_counts) or (group_counts == 1).all():  # one id a record: the records' own
+        values = connection if order is None else connection[order]
+        return _list_of(np.arange(len(values) + 1, dtype=np.int64), values)
     lengths = np.concatenate((np.ones(accepted, dtype=np.int64), group_counts))
-    values = connection
-    if len(group_counts) and not (group_counts == 1).all():
-        several = lengths != 1
-        counts = lengths[several]
-        firsts = np.cumsum(counts) - counts  # where each group of several starts among their values
-        at = np.repeat(connection[several] - firsts, counts) + np.arange(int(counts.sum()))
-        values = np.repeat(connection, lengths)
-        values[np.repeat(several, lengths)] = np.frombuffer(ids, dtype=np.int64)[at]
-        if order is not None:  # each record's ids, taken in the records' order
-            starts = np.cumsum(lengths) - lengths
-            lengths = lengths[order]
-            starts_now = np.cumsum(lengths) - lengths
-            values = values[np.arange(len(values)) + np.repeat(starts[order] - starts_now, lengths)]
-    elif order is not None:
-        values = values[order]
-        lengths = lengths[order]
+    # Each record's ids are a span of ``connection`` followed by ``ids``: its own connection, or a
+    # group's ids where it points; the spans are taken in the records' order in one gather.
+    several = lengths != 1
+    starts = np.arange(len(lengths), dtype=np.int64)
+    starts[several] = len(connection) + connection[several]
+    if order is not None:
+        starts, lengths = starts[order], lengths[order]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    spans = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    values = np.concatenate((connection, np.frombuffer(ids, dtype=np.int64)))[spans]
     return _list_of(offsets, values)
 
 

@@ -35,9 +35,8 @@ class Options:
     # converts what the gateways hand it every couple of seconds, in a process of its own that
     # competes for the same two cores; a case of one or two seconds ended before most of it ran.
     deliveries: int = 4_000_000  # per fanout / topics case
-    # A router's fan-out S>1 (Signal Hub's, NoLag's at QoS 0 and 1): 50–80 times raw's rate, so at
-    # 4,000,000 its case lasted half a second and ended before its event-log writer ran (Signal
-    # Hub's S=100 8 % faster than at this count); this is about 5 s of it, 10 s of NoLag QoS 1.
+    # The embedded router's fan-out S>1 (``System.fast_fanout``): about 5 s of Signal Hub's S=100,
+    # 10 s of NoLag QoS 1 (at 4,000,000 Signal Hub's lasted half a second, 8 % above its steady rate).
     router_deliveries: int = 32_000_000
     messages_s1: int = 1_000_000  # fanout S=1 publishes (a single subscriber needs more to last)
     window: int = 1000
