@@ -196,8 +196,11 @@ class LocalCluster:
         self._ray_root = Path(tempfile.mkdtemp(prefix="rlc-"))
         with open(os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
             file.write(secrets.token_hex(32))
-        # every interface, as Ray's own ports; the head's seven are picked together, all different
-        port, client, dashboard, *agents = free_ports(7, '')
+        # every interface, as Ray's own ports; every node's picked together, all different: the
+        # nodes share this machine's ports, and a port picked for one node and released could be
+        # picked again for the next before the first binds it (that node then fails to start)
+        ports = free_ports(7 + 4 * (self.count - 1), '')
+        port, client, dashboard, *agents = ports[:7]
         self.address = f"127.0.0.1:{port}"
         try:
             self._start_node(0, ["--head", f"--port={port}", f"--ray-client-server-port={client}",
@@ -205,7 +208,7 @@ class LocalCluster:
                                  f"--system-config={json.dumps(self.system_config)}"], agents)
             self._wait_for_gcs(port, timeout_s)
             for index in range(1, self.count):
-                self._start_node(index, [f"--address={self.address}"], free_ports(4, ''))
+                self._start_node(index, [f"--address={self.address}"], ports[3 + 4 * index:7 + 4 * index])
             alive = self._live_nodes(self.count, timeout_s)
             for node in self.nodes:
                 if node.name not in alive:

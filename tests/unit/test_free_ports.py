@@ -70,3 +70,9 @@ def test_a_local_cluster_gives_each_ray_component_of_a_node_its_own_port(tmp_pat
                  if argument.startswith("--") and argument.split("=")[0].endswith("-port")
                  and argument.split("=")[0] not in ("--min-worker-port", "--max-worker-port")]
         assert len(ports) == len(set(ports)) == (7 if "--head" in command else 4)
+    # and no two nodes share one: they bind on the same machine (before, each node's were picked
+    # on their own and released, so the next node's picks could be the same ports)
+    every = [argument for command in commands for argument in command
+             if argument.startswith("--") and argument.split("=")[0].endswith("-port")
+             and argument.split("=")[0] not in ("--min-worker-port", "--max-worker-port")]
+    assert len({int(argument.split("=")[1]) for argument in every}) == len(every) == 7 + 4 + 4
