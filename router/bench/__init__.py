@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from router.bench import dialects as bench_dialects
+from router.bench import targets
 from router.bench.report import add_ratios, document, format_table, markdown_table, plot, write_json
 from router.bench.scenarios import PLANS, SCENARIOS, Case, Options, run_system, scalar
 from router.bench.systems import ClusterRouterSystem, RawSystem, RedisSystem, RouterSystem, System, Unavailable
@@ -42,9 +43,10 @@ def _own_scenarios() -> dict[str, list[str]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     own = sorted({scenario for names in _own_scenarios().values() for scenario in names} - set(SCENARIOS))
-    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all", "lanes", "matching"),
-                        help="a scenario, all of them, lanes (what the gateway–shard transport costs) or "
-                             "matching (what Baqend's query shards pay per write as queries grow, in-process)")
+    parser.add_argument("scenario", choices=(*SCENARIOS, *own, "all", "lanes", "matching", "targets"),
+                        help="a scenario, all of them, lanes (what the gateway–shard transport costs), "
+                             "matching (what Baqend's query shards pay per write as queries grow, in-process) or "
+                             "targets (the ratio targets in alternating rounds of raw and one router)")
     parser.add_argument("--dialect", default="signal",
                         help=f"comma-separated router dialects to measure: {', '.join(bench_dialects.NAMES)}, "
                              "or all (default signal)")
@@ -90,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(shards, event-log writer, Ray's) with the load generators on the others")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every case N times on the same system (rows 'CASE, run k'): how steady a figure is")
+    parser.add_argument("--target-rounds", type=int, default=targets.ROUNDS,
+                        help="targets, and all with raw, the router, Signal Hub and NoLag: rounds in which the "
+                             "ratio targets' cases run alternately on raw and on one router (default "
+                             f"{targets.ROUNDS}; 0: all without them)")
     parser.add_argument("--lanes", default="unix,tcp", help="lanes: the kinds measured (unix, tcp)")
     parser.add_argument("--lane-seconds", type=float, default=3.0, help="lanes: length of the throughput run")
     parser.add_argument("--out", help="JSON file (default benchmarks/results/bench-<scenario>.json)")
@@ -244,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         latency_seconds=args.latency_seconds, latency_subscribers=args.latency_subscribers,
         connections=args.connections, churn_seconds=args.churn_seconds, timeout=args.timeout, idle_s=args.idle,
         params=_params(args.param))
+    if args.scenario == "targets":
+        return _targets_only(args, options)
     if args.nodes and _dialects(args) != ["signal"]:
         raise SystemExit("router bench: --nodes measures Signal Hub only")
     cases = repeated(plan_cases(args.scenario, _dialects(args), options), args.repeat)
@@ -275,15 +283,61 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     for name, reason in skipped.items():
         print(f"\n{name}: skipped: {reason}")
+    round_rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    if _with_targets(args, skipped):
+        round_rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
+                                          progress, args.eventlog != "off")
+        print()
+        print(format_table(round_rows))
+        print()
+        print(targets.format_targets(summary))
     suffix = "" if _dialects(args) == ["signal"] else "-" + "-".join(_dialects(args))
     out = Path(args.out or f"benchmarks/results/bench-{args.scenario}{suffix}.json")
-    write_json(out, document(args.scenario, {**vars(options), "argv": {k: v for k, v in vars(args).items()
-                                                                      if k != "func"}},
-                             described, rows, skipped))
+    content = document(args.scenario, {**vars(options), "argv": {k: v for k, v in vars(args).items() if k != "func"}},
+                       described, rows, skipped)
+    if summary:
+        content.update(target_rounds=round_rows, targets=summary)
+    write_json(out, content)
     print(f"\nresults written to {out} ({time.monotonic() - started:.0f} s)")
     if args.markdown:
-        Path(args.markdown).write_text(markdown_table(rows) + "\n")
+        text = markdown_table(rows) + "\n"
+        if summary:
+            text += ("\nThe ratio targets in alternating rounds (`router bench targets`):\n\n"
+                     + targets.markdown_targets(summary) + "\n")
+        Path(args.markdown).write_text(text)
     if args.plot:
         plot(rows, Path(args.plot))
         print(f"plot written to {args.plot}")
+    return 0 if all(row.get("value") is not None for row in [*rows, *round_rows]) else 1
+
+
+def _with_targets(args: argparse.Namespace, skipped: dict[str, str]) -> bool:
+    """``all`` ends with the target rounds when it measures raw and the embedded router, through
+    Signal Hub and NoLag, with one gateway and the default shards (the rounds' router)."""
+    wanted = {name.strip() for name in (args.systems or "raw,router").split(",")}
+    return (args.scenario == "all" and args.target_rounds > 0 and {"raw", "router"} <= wanted
+            and "raw" not in skipped and set(targets.DIALECTS) <= set(_dialects(args))
+            and not args.nodes and not args.scale and args.gateways == 1 and args.shards is None
+            and args.eventlog != "compare")
+
+
+def _targets_only(args: argparse.Namespace, options: Options) -> int:
+    if args.target_rounds < 1:
+        raise SystemExit("router bench targets: --target-rounds must be at least 1")
+    started = time.monotonic()
+    rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
+                                lambda message: print(f"bench: {message}", flush=True), args.eventlog != "off")
+    print()
+    print(format_table(rows))
+    print()
+    print(targets.format_targets(summary))
+    out = Path(args.out or "benchmarks/results/bench-targets.json")
+    content = document("targets", {**vars(options), "argv": {k: v for k, v in vars(args).items() if k != "func"}},
+                       [], [], {})
+    content.update(target_rounds=rows, targets=summary)
+    write_json(out, content)
+    print(f"\nresults written to {out} ({time.monotonic() - started:.0f} s)")
+    if args.markdown:
+        Path(args.markdown).write_text(targets.markdown_targets(summary) + "\n")
     return 0 if all(row.get("value") is not None for row in rows) else 1

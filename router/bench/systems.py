@@ -4,6 +4,7 @@ and memory) and how to stop without leaving a process behind."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import shutil
@@ -34,6 +35,20 @@ def pin_threads(process: psutil.Process, cpus: set[int]) -> None:
             os.sched_setaffinity(thread.id, cpus)
         except OSError:  # the thread ended
             pass
+
+
+def merged_settings(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """``load_settings`` overrides of two dialects' profiles as one: sections merged key by key; a
+    key both set to different values is an error (the two cannot share one router)."""
+    out = dict(base)
+    for key, value in more.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            out[key] = merged_settings(out[key], value)
+        elif out[key] != value:
+            raise ValueError(f"settings conflict on {key!r}: {out[key]!r} and {value!r}")
+    return out
 
 
 class Unavailable(Exception):
@@ -176,7 +191,9 @@ class RedisSystem(SubprocessSystem):
 
 class RouterSystem(System):
     """The router, embedded in this process the way ``router serve`` starts it, measured through
-    one dialect (its :class:`router.bench.dialects.Profile`).
+    one dialect (its :class:`router.bench.dialects.Profile`); ``also``: more dialects it is set up
+    for (their profiles' settings merged, their clients' keys made), each measured through
+    :meth:`serving` (the target rounds: Signal Hub and NoLag on one router).
 
     ``cpu``: with one gateway, its process (every thread) gets that CPU, as a pinned baseline's
     server does, and every other process of the run (this one, Ray's, the shards, the event-log
@@ -186,9 +203,12 @@ class RouterSystem(System):
     fast_fanout = True
 
     def __init__(self, gateways: int = 1, shards: int | None = None, eventlog: bool = True,
-                 name: str = "router", dialect: str = "signal", cpu: int | None = None) -> None:
+                 name: str = "router", dialect: str = "signal", cpu: int | None = None,
+                 also: tuple[str, ...] = ()) -> None:
         self.gateways, self.shards, self.eventlog, self.name = gateways, shards, eventlog, name
         self.dialect = dialect
+        self.dialects = (dialect, *(name for name in dict.fromkeys(also) if name != dialect))
+        self._serving: dict[str, tuple[list[str], dict[str, Any]]] = {}  # dialect -> (URLs, client config)
         self.router = None
         self.config: dict[str, Any] = {}
         self.cpu = cpu if gateways == 1 else None
@@ -207,28 +227,42 @@ class RouterSystem(System):
         from router.runtime import Router
         from router.settings import load_settings
 
-        dialect = profile(self.dialect)
+        profiles = [profile(name) for name in self.dialects]
         self.data_dir = tempfile.mkdtemp(prefix="router-bench-")
-        overrides: dict[str, Any] = dialect.settings()
+        overrides: dict[str, Any] = {}
+        for each in profiles:
+            overrides = merged_settings(overrides, each.settings())
         if self.shards:
             overrides["shards"] = {"session": self.shards, "topic": self.shards, "registry": self.shards}
         settings = load_settings(
             port=0, gateways=self.gateways, namespace=f"bench-{os.getpid()}", ray_dashboard=False,
             data_dir=self.data_dir, analytics={"enabled": self.eventlog}, **overrides)
         self.settings = settings
-        self.config = dialect.prepare(settings)
+        configs = {each.name: each.prepare(settings) for each in profiles}
         self.router = Router(settings)
         endpoints = self.router.start()
-        self._urls = [f"ws://127.0.0.1:{listener['port']}{listener['websocket'][self.dialect]}"
-                      for gateway in endpoints for listener in gateway["listeners"]
-                      if self.dialect in listener["websocket"]]
-        self._http = [f"http://127.0.0.1:{listener['port']}" for gateway in endpoints
-                      for listener in gateway["listeners"] if self.dialect in listener["websocket"]]
-        self.config = {**self.config, "http": self._http, "endpoints": endpoints}
+        for name in self.dialects:
+            urls = [f"ws://127.0.0.1:{listener['port']}{listener['websocket'][name]}"
+                    for gateway in endpoints for listener in gateway["listeners"] if name in listener["websocket"]]
+            http = [f"http://127.0.0.1:{listener['port']}" for gateway in endpoints
+                    for listener in gateway["listeners"] if name in listener["websocket"]]
+            self._serving[name] = (urls, {**configs[name], "http": http, "endpoints": endpoints})
+        self._urls, self.config = self._serving[self.dialect]
         self.gateway_pids = [stats["pid"] for stats in self._gateway_stats()]
         self.shard_pids = [info["pid"] for info in ray.get(
             [shard.info.remote() for shards in self.router.shards.values() for shard in shards])]
         self._pin()
+
+    def serving(self, dialect: str) -> "RouterSystem":
+        """This started router measured through another dialect it was set up for (``also``): the
+        same router, processes and event log, that dialect's URLs and client config. Only the
+        router itself is stopped."""
+        if dialect not in self._serving:
+            raise ValueError(f"the router was not set up for {dialect!r}")
+        view = copy.copy(self)
+        view.dialect = dialect
+        view._urls, view.config = self._serving[dialect]
+        return view
 
     def _pin(self) -> None:
         if self.cpu is None:
@@ -285,7 +319,7 @@ class RouterSystem(System):
     def describe(self) -> dict[str, Any]:
         shards = self.settings.shards
         return {"system": self.name, "dialect": self.dialect, "gateways": self.gateways, "eventlog": self.eventlog,
-                "pinned_cpu": self.cpu,
+                "pinned_cpu": self.cpu, **({"dialects": list(self.dialects)} if len(self.dialects) > 1 else {}),
                 "shards": {"session": shards.session, "topic": shards.topic, "registry": shards.registry}}
 
 

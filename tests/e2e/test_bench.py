@@ -61,3 +61,45 @@ def test_router_bench_lanes_measures_both_kinds_of_lane(tmp_path):
     for row in rows:
         assert row["commands_per_s"] > 0 and 0 < row["rtt_p50_us"] <= row["rtt_p99_us"] and row["connect_ms"] > 0, row
     assert "unix: open + 1 call" in completed.stdout and "tcp: open + 1 call" in completed.stdout
+
+
+def test_router_bench_targets_alternates_raw_and_one_router_of_signal_hub_and_nolag(tmp_path):
+    out, table = tmp_path / "bench-targets.json", tmp_path / "targets.md"
+    completed = subprocess.run(
+        [ROUTER, "bench", "targets", "--target-rounds", "2", "--messages-s1", "2000", "--p2p-messages", "2000",
+         "--router-deliveries", "20000", "--pairs", "4", "--timeout", "40", "--out", str(out),
+         "--markdown", str(table)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "ROUTER_RAY_DASHBOARD": "false"},
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    result = json.loads(out.read_text())
+    rows = result["target_rounds"]
+    # round 1: raw's cases, then the router's; round 2: the router's reversed, then raw's reversed
+    order = [(row["round"], row["system"], row["dialect"], row["scenario"], row["base_case"]) for row in rows]
+    first = [(1, "raw", "-", "fanout", "S=1"), (1, "raw", "-", "p2p", "4 pairs"),
+             (1, "router", "signal", "fanout", "S=1"), (1, "router", "signal", "p2p", "4 pairs"),
+             (1, "router", "signal", "fanout", "S=100"), (1, "router", "nolag", "fanout", "S=100"),
+             (1, "router", "nolag", "fanout", "S=100 QoS 1")]
+    second = [(2, *item[1:]) for item in first[2:][::-1] + first[:2][::-1]]
+    assert order == first + second
+    expected = {"S=1": 2_000, "4 pairs": 2_000, "S=100": 20_000, "S=100 QoS 1": 20_000}
+    for row in rows:
+        assert row["case"] == f"{row['base_case']}, round {row['round']}"
+        assert row["received"] == row["expected"] == expected[row["base_case"]], row
+        assert row["value"] > 0 and "notes" not in row, row
+    # NoLag's cases ran on the router Signal Hub's did: the same gateway process in a round
+    for number in (1, 2):
+        gateways = {tuple(row["cpus"]["server"]) for row in rows if row["round"] == number and row["system"] == "router"}
+        assert len(gateways) == 1
+    value = {(row["round"], row["dialect"], row["scenario"], row["base_case"]): row["value"] for row in rows}
+    summary = {item["target"]: item for item in result["targets"]}
+    assert list(summary) == ["Signal Hub fanout S=1 ≥ 1.0 × raw", "Signal Hub p2p ≥ 1.0 × raw",
+                             "NoLag QoS 0 fanout S=100 ≥ 0.7 × Signal Hub", "NoLag QoS 1 fanout S=100 ≥ 0.5 × Signal Hub"]
+    qos1 = summary["NoLag QoS 1 fanout S=100 ≥ 0.5 × Signal Hub"]
+    ratios = [round(value[n, "nolag", "fanout", "S=100 QoS 1"] / value[n, "signal", "fanout", "S=100"], 6) for n in (1, 2)]
+    assert qos1["ratios"] == ratios and qos1["median"] == round((ratios[0] + ratios[1]) / 2, 6)
+    s1 = summary["Signal Hub fanout S=1 ≥ 1.0 × raw"]
+    assert s1["ratios"] == [round(value[n, "signal", "fanout", "S=1"] / value[n, "-", "fanout", "S=1"], 6) for n in (1, 2)]
+    assert "| target | goal | round 1 | round 2 | median | met |" in table.read_text()
+    assert "median" in completed.stdout
