@@ -94,6 +94,10 @@ class Wire(Protocol):
 
     def close(self, code: int = 1000, reason: str = "") -> None: ...
 
+    def receiving(self) -> bool:
+        """Whether messages read from the client are still handed over (open, not failed)."""
+        ...
+
     def ping(self) -> None:
         """A WebSocket ping: the client's pong (any bytes) moves ``last_activity``."""
 
@@ -114,9 +118,23 @@ class DialectSession(ABC):
         self.shards = dialect.shards
         self.closed = False  # released: it no longer holds anything on shards
 
+    # True: the connection hands the binary messages of one read to :meth:`on_binaries` together
+    takes_binaries = False
+
     @abstractmethod
     def on_message(self, data: bytes, is_text: bool) -> None:
         """A complete WebSocket message arrived (text already checked to be UTF-8)."""
+
+    def on_binaries(self, payloads: list[bytes]) -> None:
+        """Binary messages that arrived in one read, in order (for a session that
+        ``takes_binaries``): each, as :meth:`on_message` would take it, after the one before,
+        until one closes the connection (:meth:`Wire.receiving`; the rest of the read is dropped,
+        as when the connection hands messages over one by one)."""
+        wire = self.wire
+        for data in payloads:
+            self.on_message(data, False)
+            if not wire.receiving():
+                return
 
     def on_event(self, payload: Any) -> None:
         """A shard delivered a dialect event (``DELIVER_EVENT``) to this connection."""

@@ -247,6 +247,10 @@ class Connection(asyncio.Protocol):
             return 0
         return transport.get_write_buffer_size() + self._corked_bytes
 
+    def receiving(self) -> bool:
+        ws = self.ws
+        return ws is not None and ws._state is OPEN and not self._failed
+
     def send_text(self, payload: bytes) -> bool:
         return self._send(_TEXT, payload)
 
@@ -474,14 +478,19 @@ class Connection(asyncio.Protocol):
         limit = ws.max_message_size
         if ws.max_fragment_size is not None and (limit is None or ws.max_fragment_size < limit):
             limit = ws.max_fragment_size
+        session = self.session
+        # A session that takes binary messages in rows gets the read's consecutive ones in one call
+        # (DialectSession.on_binaries); the others each message as it is parsed.
+        row: list[bytes] | None = [] if session is not None and session.takes_binaries else None
         position, size = 0, len(data)
+        cut = False  # the read ends inside a frame: kept in ``_partial``
         while position < size:
             first = data[position]
             if first != 0x81 and first != 0x82:  # not FIN + text/binary with no RSV bit
                 break
             if size - position < 2:
-                self._partial = data[position:]
-                return size
+                cut = True
+                break
             second = data[position + 1]
             if second < 0x80:  # unmasked: websockets refuses it
                 break
@@ -489,8 +498,8 @@ class Connection(asyncio.Protocol):
             header = 6
             if length == 126:
                 if size - position < 4:
-                    self._partial = data[position:]
-                    return size
+                    cut = True
+                    break
                 length = (data[position + 2] << 8) | data[position + 3]
                 header = 8
             elif length == 127:
@@ -499,14 +508,40 @@ class Connection(asyncio.Protocol):
                 break
             end = position + header + length
             if end > size:
-                self._partial = data[position:]
-                return size
-            self._message(_unmask(data[position + header:end], data[position + header - 4:position + header]),
-                          first == 0x81)
+                cut = True
+                break
+            payload = _unmask(data[position + header:end], data[position + header - 4:position + header])
+            if row is not None and first == 0x82:
+                row.append(payload)
+                position = end
+                continue
+            if row:  # the binary messages before this text one go first
+                self._binaries(row)
+                row = []
+                if ws._state is not OPEN:
+                    return position  # this frame is left to websockets, as after any message that closed
+            self._message(payload, first == 0x81)
             position = end
             if self._failed or ws._state is not OPEN:  # send_frame's read of the state, once per frame
-                break
+                return position
+        if row:
+            self._binaries(row)
+            if ws._state is not OPEN:
+                return position
+        if cut:
+            self._partial = data[position:]
+            return size
         return position
+
+    def _binaries(self, payloads: list[bytes]) -> None:
+        """Binary messages of one read, in order, to a session that takes them in rows."""
+        session = self.session
+        if session is not None:
+            try:
+                session.on_binaries(payloads)
+            except Exception:
+                logger.exception("connection %s: dialect failed on a message", self.id)
+                self.close(1011, "internal error")
 
     def _message(self, data: bytes, is_text: bool) -> None:
         if type(data) is not bytes:  # a frame's data from websockets may be any bytes-like object

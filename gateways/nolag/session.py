@@ -344,6 +344,53 @@ class NolagSession(DialectSession):
 
     # -- frames in ------------------------------------------------------------------------------
 
+    takes_binaries = True
+
+    def on_binaries(self, payloads: list[bytes]) -> None:
+        """The binary frames of one read: a row of them that are ``batchAck`` frames of the next ids
+        this connection was written, in order (as a client acks what it reads, several acks to a
+        write), is acked and logged together (:meth:`_acked_row`); every other frame goes through
+        :meth:`on_message`, in its place. After a frame that closed the connection the rest are
+        dropped, as ``DialectSession.on_binaries`` does (an ack read as bytes closes nothing)."""
+        index, count = 0, len(payloads)
+        wire = self.wire
+        while index < count:
+            if self.closed:
+                return
+            if self.waiting is None and self.qos.runs and self.key is not None:
+                end = self._acked_row(payloads, index)
+                if end > index:
+                    index = end
+                    continue
+            self.on_message(payloads[index], False)
+            index += 1
+            if not wire.receiving():
+                return
+
+    def _acked_row(self, payloads: list[bytes], start: int) -> int:
+        """Ack what :meth:`_receive`'s first test would, frame after frame from ``start``, while
+        each is such a ``batchAck`` (within the size limit, read as bytes by
+        ``QosWindow.acked_packed``); they are accepted as ``BatchAck`` frames, with one clock read
+        (``Gateway.accepted_row``). Returns where the row ends (``start``: not one)."""
+        qos, limits = self.qos, self.dialect.limits
+        largest = self.config.max_message_bytes + ENVELOPE_ALLOWANCE
+        sizes: list[int] = []
+        index, count = start, len(payloads)
+        while index < count and qos.runs:
+            data = payloads[index]
+            size = len(data)
+            if size > largest:
+                break
+            found = codec.batch_ack_packed(data, limits)
+            if found is None or not qos.acked_packed(data, *found):
+                break
+            sizes.append(size)
+            index += 1
+        if sizes:
+            self.dialect.acked_as_bytes += len(sizes)
+            self.gateway.accepted_row(DIALECT, "BatchAck", sizes, self.wire.id)
+        return index
+
     def on_message(self, data: bytes, is_text: bool) -> None:
         if self.closed:
             return

@@ -268,3 +268,47 @@ def test_account_written_is_account_of_each_item(tmp_path_factory, items: list[t
         assert [bytes(chunk) for chunk in first.groups] == [bytes(chunk) for chunk in second.groups]
         assert (first.groups_end, list(first.ids), first.streams) == (second.groups_end, list(second.ids),
                                                                       second.streams)
+
+
+# -- frames accepted in a row (Gateway.accepted_row) ---------------------------------------------
+
+class RowEvents:
+    def __init__(self, every: int) -> None:
+        self.sample_every, self.records = every, []
+
+    def sampled(self, seq: int) -> bool:
+        return seq % self.sample_every == 0
+
+    def ingress(self, ts_ns: int, meta: tuple, protocol_id: Any, nbytes: int, connection: int) -> None:
+        self.records.append((ts_ns, meta, protocol_id, nbytes, connection))
+
+
+class RowMetrics:
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.messages_in, self.bytes_in = Counter(), Counter()
+
+
+def test_frames_accepted_in_a_row_are_what_accepting_each_records_with_one_clock_read():
+    def fresh(every: int) -> Gateway:
+        gw = Gateway.__new__(Gateway)  # only what accepting reads
+        gw.id, gw._seq, gw.events, gw.metrics = "gw-1", 40, RowEvents(every), RowMetrics()
+        return gw
+
+    row, each = fresh(1), fresh(1)
+    row.accepted_row("nolag", "BatchAck", [30, 3000, 7], 12)
+    for size in (30, 3000, 7):
+        meta = each.event_meta("nolag", "BatchAck")
+        each.accepted(meta, None, size, 12)
+    assert row._seq == each._seq == 43
+    assert row.metrics.messages_in == each.metrics.messages_in == {"nolag": 3}
+    assert row.metrics.bytes_in == each.metrics.bytes_in == {"nolag": 3037}
+    (ts, _, _, _, _) = row.events.records[0]
+    assert row.events.records == [(ts, ("gw-1", seq, ts, "nolag", "BatchAck", None), None, size, 12)
+                                  for seq, size in zip((41, 42, 43), (30, 3000, 7))]
+    assert [(meta[:2] + meta[3:], rest) for _, meta, *rest in each.events.records] == \
+        [(meta[:2] + meta[3:], rest) for _, meta, *rest in row.events.records]
+    sampled = fresh(2)  # each frame takes its seq; the sampled ones are logged
+    sampled.accepted_row("nolag", "BatchAck", [1, 2, 3], 5)
+    assert [meta[1] for _, meta, *_ in sampled.events.records] == [42] and sampled._seq == 43

@@ -63,6 +63,14 @@ class Gateway:
     def accepted(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int) -> None:
         self.__dict__.setdefault("received", []).append((meta[4], nbytes, connection_id))
 
+    rows: list[int]  # how many frames each accepted_row took
+
+    def accepted_row(self, dialect: str, kind: str, sizes: list[int], connection_id: int) -> None:
+        assert dialect == "nolag" and sizes
+        self.__dict__.setdefault("rows", []).append(len(sizes))
+        for nbytes in sizes:
+            self.__dict__.setdefault("received", []).append((kind, nbytes, connection_id))
+
     def rejected(self, meta: tuple, protocol_id: Any, nbytes: int, connection_id: int, reason: str) -> None:
         self.__dict__.setdefault("received", []).append((meta[4], nbytes, connection_id, reason))
 
@@ -86,6 +94,14 @@ class Wire:
 
     def send_binary(self, payload: bytes) -> bool:
         return self.send_frame(frame_header(0x2, len(payload)) + payload, 0x2, payload)
+
+    open = True  # False: closed (by the session)
+
+    def receiving(self) -> bool:
+        return self.open
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        self.open = False
 
     paused = False  # writing paused, under the limit: each frame is taken, but not joined ones
     joined = 0  # runs of frames written as one piece
@@ -694,3 +710,82 @@ def test_a_run_with_an_id_a_window_holds_in_an_earlier_run_goes_message_by_messa
         assert list(session.qos.outstanding()) == UUIDS[:4] and not session.qos.runs  # moved on the first track
     sessions[0].fan_out(message(UUIDS[4], 1, 20), ids, gateway)  # the live loop after: newest last
     assert all(list(session.qos.unacked) == UUIDS[:5] for session in sessions)
+
+
+# -- a read's frames in a row (on_binaries) --------------------------------------------------------
+
+def _acked_world() -> tuple[Gateway, NolagDialect, NolagSession]:
+    """A gateway and one acking session that was written two runs of UUIDS[:3] and UUIDS[3:]."""
+    gateway = Gateway()
+    dialect = NolagDialect(gateway, NolagConfig(ack_timeout_s=5))
+    session, other = _acking(gateway, dialect), _acking(gateway, dialect)
+    ids = (session.wire.id, other.wire.id)
+    session.fan_out_run([message(msg_id, 1, 10 + n) for n, msg_id in enumerate(UUIDS[:3])], ids, gateway)
+    session.fan_out_run([message(msg_id, 1, 20 + n) for n, msg_id in enumerate(UUIDS[3:])], ids, gateway)
+    gateway.received = []
+    return gateway, dialect, session
+
+
+def _state(gateway: Gateway, dialect: NolagDialect, session: NolagSession) -> tuple:
+    window = session.qos
+    received = [(kind, size, connection == session.wire.id, *rest)  # each world's ids are its own
+                for kind, size, connection, *rest in gateway.__dict__.get("received", [])]
+    return (list(window.outstanding()), [(run.ids, acked) for run, acked in window.runs], list(window.unacked),
+            received, session.wire.frames, dialect.acked_as_bytes, window.acks_seen)
+
+
+def _batch_ack(ids: list) -> bytes:
+    return msgpack.packb({"type": "batchAck", "msgIds": ids})
+
+
+def test_a_reads_batch_acks_in_a_row_are_acked_and_logged_together_and_the_rest_in_their_place():
+    frames = [_batch_ack(UUIDS[:2]), _batch_ack(UUIDS[2:4]), msgpack.packb({"type": "ack", "msgId": UUIDS[4]}),
+              b"", _batch_ack(UUIDS[5:])]
+    gateway, dialect, session = _acked_world()
+    session.on_binaries(frames)
+    assert gateway.rows == [2, 1]  # the single ack (decoded) and the heartbeat go in their place
+    assert list(session.qos.outstanding()) == [] and dialect.acked_as_bytes == 3
+    assert gateway.received == [("BatchAck", len(frames[0]), session.wire.id),
+                                ("BatchAck", len(frames[1]), session.wire.id),
+                                ("Ack", len(frames[2]), session.wire.id),
+                                ("BatchAck", len(frames[4]), session.wire.id)]
+    one_by_one = _acked_world()
+    for data in frames:
+        one_by_one[2].on_message(data, False)
+    assert _state(*one_by_one) == _state(gateway, dialect, session)
+
+
+def test_after_a_frame_that_closed_the_connection_the_rest_of_the_row_is_dropped():
+    gateway, dialect, session = _acked_world()
+    session.qos.runs.clear()  # nothing read as bytes: each frame goes through on_message
+    handled = []
+    on_message = session.on_message
+
+    def closing(data: bytes, is_text: bool) -> None:
+        handled.append(data)
+        on_message(data, is_text)
+        session.wire.close(1008, "bye")
+
+    session.on_message = closing
+    session.on_binaries([b"", b"", b""])
+    assert handled == [b""]
+
+
+FRAMES = st.one_of(
+    st.tuples(st.integers(0, 6), st.integers(0, 6)).map(lambda span: _batch_ack(UUIDS[span[0]:span[1]])),
+    st.lists(st.sampled_from(UUIDS), min_size=1, max_size=4).map(_batch_ack),
+    st.sampled_from(UUIDS).map(lambda msg_id: msgpack.packb({"type": "ack", "msgId": msg_id})),
+    st.just(b""), st.just(b"\xc1"), st.just(_batch_ack(["not-an-id", 7])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(FRAMES, max_size=8))
+@example([_batch_ack(UUIDS[:1]), _batch_ack(UUIDS[1:3]), _batch_ack(UUIDS[3:6])])
+@example([_batch_ack(UUIDS[:2]), _batch_ack(UUIDS[:2]), _batch_ack(UUIDS[2:4])])
+def test_a_row_of_frames_leaves_what_each_frame_in_turn_leaves(frames: list[bytes]):
+    rows, one_by_one = _acked_world(), _acked_world()
+    rows[2].on_binaries(frames)
+    for data in frames:
+        one_by_one[2].on_message(data, False)
+    assert _state(*rows) == _state(*one_by_one)

@@ -24,6 +24,9 @@ class Transport:
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def close(self) -> None:
+        pass
+
 
 class Gateway:
     def __init__(self) -> None:
