@@ -452,6 +452,8 @@ class Connection(asyncio.Protocol):
             self._write_out(out)
         for frame in events:
             opcode = frame.opcode
+            if self.closing_since is not None and (opcode is _TEXT or opcode is _BINARY or opcode is _CONT):
+                continue  # this side is closing: what the client sent after it is not handed over
             if opcode is _TEXT or opcode is _BINARY:
                 if frame.fin:
                     self._message(frame.data, opcode is _TEXT)

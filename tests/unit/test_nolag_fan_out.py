@@ -715,9 +715,10 @@ def test_a_run_with_an_id_a_window_holds_in_an_earlier_run_goes_message_by_messa
 # -- a read's frames in a row (on_binaries) --------------------------------------------------------
 
 def _acked_world() -> tuple[Gateway, NolagDialect, NolagSession]:
-    """A gateway and one acking session that was written two runs of UUIDS[:3] and UUIDS[3:]."""
+    """A gateway and one acking session that was written two runs of UUIDS[:3] and UUIDS[3:]
+    (frames over 256 + 4,096 bytes are too large)."""
     gateway = Gateway()
-    dialect = NolagDialect(gateway, NolagConfig(ack_timeout_s=5))
+    dialect = NolagDialect(gateway, NolagConfig(ack_timeout_s=5, max_message_bytes=256))
     session, other = _acking(gateway, dialect), _acking(gateway, dialect)
     ids = (session.wire.id, other.wire.id)
     session.fan_out_run([message(msg_id, 1, 10 + n) for n, msg_id in enumerate(UUIDS[:3])], ids, gateway)
@@ -776,16 +777,31 @@ FRAMES = st.one_of(
     st.lists(st.sampled_from(UUIDS), min_size=1, max_size=4).map(_batch_ack),
     st.sampled_from(UUIDS).map(lambda msg_id: msgpack.packb({"type": "ack", "msgId": msg_id})),
     st.just(b""), st.just(b"\xc1"), st.just(_batch_ack(["not-an-id", 7])),
+    st.just(_batch_ack(UUIDS[:1] * 120)),  # the shape read as bytes, too large (4,575 bytes)
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(FRAMES, max_size=8))
-@example([_batch_ack(UUIDS[:1]), _batch_ack(UUIDS[1:3]), _batch_ack(UUIDS[3:6])])
-@example([_batch_ack(UUIDS[:2]), _batch_ack(UUIDS[:2]), _batch_ack(UUIDS[2:4])])
-def test_a_row_of_frames_leaves_what_each_frame_in_turn_leaves(frames: list[bytes]):
-    rows, one_by_one = _acked_world(), _acked_world()
+@given(st.lists(FRAMES, max_size=8), st.sampled_from(["acking", "unauthenticated", "waiting", "closed"]))
+@example([_batch_ack(UUIDS[:1]), _batch_ack(UUIDS[1:3]), _batch_ack(UUIDS[3:6])], "acking")
+@example([_batch_ack(UUIDS[:2]), _batch_ack(UUIDS[:2]), _batch_ack(UUIDS[2:4])], "acking")
+@example([_batch_ack(UUIDS[:1]), _batch_ack(UUIDS[:1] * 120), _batch_ack(UUIDS[1:2])], "acking")
+def test_a_row_of_frames_leaves_what_each_frame_in_turn_leaves(frames: list[bytes], state: str):
+    """Whatever the session's state: a frame that waits for the key store (and every one after
+    it) keeps its place in the queue; an unauthenticated or closed session's frames are refused
+    or dropped as one by one."""
+    worlds = _acked_world(), _acked_world()
+    for _, _, session in worlds:
+        if state == "unauthenticated":
+            session.key = None
+        elif state == "waiting":
+            session.waiting = deque([(b"", None)])
+        elif state == "closed":
+            session.closed = True  # released (what it gives back to shards is not looked at here)
+    rows, one_by_one = worlds
     rows[2].on_binaries(frames)
     for data in frames:
         one_by_one[2].on_message(data, False)
     assert _state(*rows) == _state(*one_by_one)
+    if state == "waiting":
+        assert [data for data, _ in rows[2].waiting] == [data for data, _ in one_by_one[2].waiting] == [b"", *frames]

@@ -48,10 +48,21 @@ class RowSession(Session):
     takes_binaries = True
 
 
+HANDSHAKE = (b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+
+
 def connection_with(session_class: type, close_on: bytes | None = None) -> tuple[Connection, Session]:
+    """An open connection whose ``websockets`` protocol went through a real handshake (so that
+    what the fast path leaves to it is parsed as frames, as in the server)."""
     connection = Connection(Gateway(), None)  # type: ignore[arg-type]
-    connection.ws = ServerProtocol(max_size=2**20)
-    connection.ws.state = State.OPEN
+    protocol = ServerProtocol(max_size=2**20)
+    protocol.receive_data(HANDSHAKE)
+    (request,) = protocol.events_received()
+    protocol.send_response(protocol.accept(request))
+    protocol.data_to_send()
+    assert protocol.state is State.OPEN
+    connection.ws = protocol
     connection.transport = Transport()  # type: ignore[assignment]
     connection.session = session = session_class(connection, close_on)
     return connection, session
@@ -90,11 +101,21 @@ def test_a_session_that_does_not_take_rows_gets_each_message_as_before():
     (RowSession, [("row", [b"a", b"b"])]),
 ])
 def test_after_what_closed_the_connection_nothing_more_of_the_read_is_handed_over(session_class, handed):
+    """Before, the fast path stopped at the close and ``websockets`` handed the rest of the read,
+    and every later read, to the session: a NoLag session closed with 1011 went on publishing."""
     connection, session = connection_with(session_class, close_on=b"b")
-    connection.data_received(frame(b"a") + frame(b"b") + frame(b"t", text=True) + frame(b"c"))
+    connection.data_received(frame(b"a") + frame(b"b") + frame(b"t", text=True) + frame(b"c") + frame(b"c" * 300))
     assert connection.ws.state is State.CLOSING and session.got == handed
-    connection.data_received(frame(b"d"))
+    connection.data_received(frame(b"d") + frame(b"e", text=True))
     assert session.got == handed
+
+
+def test_a_client_that_closes_after_a_message_in_the_same_read_has_the_message_handed_over():
+    connection, session = connection_with(RowSession)
+    close = bytes((0x88, 0x82)) + b"\x00\x00\x00\x00" + (1000).to_bytes(2, "big")  # masked with zeros
+    connection.data_received(bytes((0x82, 0x81)) + b"\x00\x00\x00\x00" + b"a" + close)
+    assert session.got == [("row", [b"a"])]  # the client's close, after it, is websockets' to answer
+    assert connection.ws.state is State.CLOSING and connection.closing_since is None
 
 
 def test_a_row_cut_short_by_the_reads_end_is_handed_over_before_the_cut_frame_is_kept():
