@@ -183,8 +183,9 @@ class Router:
 
     # -- stop -----------------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop this router's gateways; the shards too if no other router's gateway is left."""
+    def stop(self, wait: bool = False) -> None:
+        """Stop this router's gateways; the shards too if no other router's gateway is left.
+        ``wait``: when this router started Ray, return only once Ray's processes have exited."""
         mine = {gateway_name(record.gateway_id) for record in self.gateways}
         for record in self.gateways:
             try:
@@ -203,7 +204,7 @@ class Router:
                     ray.kill(shard, no_restart=True)
         self.shards.clear()
         if self._owns_ray:
-            ray.shutdown()
+            ray.shutdown(wait_for_processes=wait)
             self._owns_ray = False
 
     # -- observe --------------------------------------------------------------------------

@@ -283,22 +283,22 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     for name, reason in skipped.items():
         print(f"\n{name}: skipped: {reason}")
-    round_rows: list[dict[str, Any]] = []
-    summary: list[dict[str, Any]] = []
-    if _with_targets(args, skipped):
-        round_rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
-                                          progress, args.eventlog != "off")
-        print()
-        print(format_table(round_rows))
-        print()
-        print(targets.format_targets(summary))
     suffix = "" if _dialects(args) == ["signal"] else "-" + "-".join(_dialects(args))
     out = Path(args.out or f"benchmarks/results/bench-{args.scenario}{suffix}.json")
     content = document(args.scenario, {**vars(options), "argv": {k: v for k, v in vars(args).items() if k != "func"}},
                        described, rows, skipped)
-    if summary:
+    write_json(out, content)  # the table is kept whatever happens in the rounds after it
+    round_rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    if _with_targets(args, skipped):
+        round_rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
+                                          progress, args.eventlog != "off", args.pin_gateway)
+        print()
+        print(format_table(round_rows))
+        print()
+        print(targets.format_targets(summary))
         content.update(target_rounds=round_rows, targets=summary)
-    write_json(out, content)
+        write_json(out, content)
     print(f"\nresults written to {out} ({time.monotonic() - started:.0f} s)")
     if args.markdown:
         text = markdown_table(rows) + "\n"
@@ -327,7 +327,8 @@ def _targets_only(args: argparse.Namespace, options: Options) -> int:
         raise SystemExit("router bench targets: --target-rounds must be at least 1")
     started = time.monotonic()
     rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
-                                lambda message: print(f"bench: {message}", flush=True), args.eventlog != "off")
+                                lambda message: print(f"bench: {message}", flush=True), args.eventlog != "off",
+                                args.pin_gateway)
     print()
     print(format_table(rows))
     print()

@@ -301,9 +301,18 @@ class RouterSystem(System):
         return sum(stats["delivered"] for stats in self._gateway_stats())
 
     def stop(self) -> None:
+        """Stop the router and wait (up to 30 s) until its gateways', shards' and Ray's processes
+        have exited: a baseline measured next never shares the machine with them."""
         if self.router is not None:
-            self.router.stop()
+            workers = []
+            for pid in [*getattr(self, "gateway_pids", []), *getattr(self, "shard_pids", [])]:
+                try:
+                    workers.append(psutil.Process(pid))
+                except psutil.Error:
+                    pass
+            self.router.stop(wait=True)
             self.router = None
+            psutil.wait_procs(workers, timeout=30)
         if self._affinity is not None:
             pin_threads(psutil.Process(), set(self._affinity))
             self._affinity = None

@@ -8,8 +8,11 @@ ratio by a third (docs/performance.md §7). Here each round measures both sides 
 close together: raw's cases, then a fresh router serving Signal Hub and NoLag at once (one router,
 so NoLag's cases and Signal Hub's share its processes and event log), its cases, the router
 stopped; the next round in the opposite order (router first, its cases reversed, then raw's), so
-a drift over the round weighs on both sides alike. A baseline still never shares the machine
-with Ray. Each target's figure is the median of its rounds' ratios, each round's ratio shown.
+a drift over the round weighs on both sides alike (with the default three rounds the first order
+runs twice and the reversed one once; an even count balances them). A baseline still never shares
+the machine with Ray: each router is stopped, and its processes gone, before raw runs. Each
+target's figure is the median of its rounds' ratios, each round's ratio shown; it is met when
+every round has a ratio and the median reaches the goal.
 
 Pure parts (the plan of a round, the ratios and medians) are unit-tested; :func:`run` drives real
 systems.
@@ -21,6 +24,8 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import psutil
 
 from router.bench.scenarios import Case, Options, fanout_cases, p2p_cases, run_case, run_system
 from router.bench.systems import RawSystem, RouterSystem
@@ -84,27 +89,29 @@ def side(row: dict[str, Any]) -> str:
 
 
 def summarise(rows: list[dict[str, Any]], wanted: list[Target], rounds: int) -> list[dict[str, Any]]:
-    """Each target's ratio in every round (None where a side has no value), their median over the
-    rounds that have one, and whether the median meets the goal."""
+    """Each target's ratio in every round (None where a side has no figure: its case failed; a
+    round that delivered nothing is a ratio of 0), their median over the rounds that have one, and
+    whether it is met: every round has a ratio and the median meets the goal."""
     values = {(row["scenario"], row["base_case"], side(row), row["round"]): row.get("value") for row in rows}
     out = []
     for target in wanted:
         ratios: list[float | None] = []
         for number in range(1, rounds + 1):
             top, bottom = values.get((*target.numerator, number)), values.get((*target.denominator, number))
-            ratios.append(round(top / bottom, 6) if top and bottom else None)
+            ratios.append(round(top / bottom, 6) if top is not None and bottom else None)
         known = [ratio for ratio in ratios if ratio is not None]
         median = round(statistics.median(known), 6) if known else None
         out.append({"target": target.name, "goal": target.goal, "ratios": ratios, "median": median,
                     "rounds_met": sum(ratio >= target.goal for ratio in known),
-                    "met": median is not None and median >= target.goal})
+                    "met": len(known) == rounds and median is not None and median >= target.goal})
     return out
 
 
 def run(options: Options, rounds: int, pin: int | None, progress: Callable[[str], None],
-        eventlog: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        eventlog: bool = True, pin_gateway: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``rounds`` rounds on this machine: the rows (``round``, ``base_case``; ``case`` says the
-    round) and :func:`summarise`'s targets."""
+    round; a router's rows its ``gateway_pids``) and :func:`summarise`'s targets. Raw's server on
+    ``pin`` as in the table; the router's gateway there too with ``pin_gateway``."""
     raw_cases, router_cases = plan(options)
     rows: list[dict[str, Any]] = []
     for number in range(1, rounds + 1):
@@ -113,7 +120,7 @@ def run(options: Options, rounds: int, pin: int | None, progress: Callable[[str]
             if phase == "raw":
                 done = run_system(RawSystem(pin), cases, options, progress)
             else:
-                done = _router_phase(cases, options, progress, eventlog)
+                done = _router_phase(cases, options, progress, eventlog, pin if pin_gateway else None)
             for row in done:
                 row["base_case"], row["round"] = row["case"], number
                 row["case"] = f"{row['case']}, round {number}"
@@ -122,15 +129,21 @@ def run(options: Options, rounds: int, pin: int | None, progress: Callable[[str]
 
 
 def _router_phase(cases: list[Case], options: Options, progress: Callable[[str], None],
-                  eventlog: bool) -> list[dict[str, Any]]:
-    router = RouterSystem(eventlog=eventlog, dialect=DIALECTS[0], also=DIALECTS[1:])
+                  eventlog: bool, cpu: int | None) -> list[dict[str, Any]]:
+    """A fresh router of Signal Hub and NoLag, every case of the phase on it, stopped (its
+    processes gone) before the next phase."""
+    router = RouterSystem(eventlog=eventlog, dialect=DIALECTS[0], cpu=cpu, also=DIALECTS[1:])
     router.start()
+    loadgen_cpus = None
+    if router.cpu is not None:  # as run_system places a pinned system's load generators
+        loadgen_cpus = set(range(psutil.cpu_count())) - {router.cpu} or None
     rows = []
     try:
         for case in cases:
             label = f"{case.scenario} {case.case}: router ({case.dialect})"
             progress(f"{label} ...")
-            row = run_case(router.serving(case.dialect), case, options, None)
+            row = run_case(router.serving(case.dialect), case, options, loadgen_cpus)
+            row["gateway_pids"] = list(router.gateway_pids)
             progress(f"{label}: {row.get('value')} {case.metric}")
             rows.append(row)
     finally:
@@ -167,5 +180,7 @@ def _ratio(value: float | None) -> str:
 
 
 def _met(item: dict[str, Any]) -> str:
-    known = sum(ratio is not None for ratio in item["ratios"])
-    return f"{'yes' if item['met'] else 'no'} ({item['rounds_met']} of {known} rounds)"
+    rounds = len(item["ratios"])
+    missing = sum(ratio is None for ratio in item["ratios"])
+    return (f"{'yes' if item['met'] else 'no'} ({item['rounds_met']} of {rounds} rounds"
+            + (f", {missing} without a figure)" if missing else ")"))

@@ -66,12 +66,20 @@ def test_each_round_gives_its_ratio_and_the_target_takes_their_median():
         in markdown_targets(list(summary.values()))
 
 
-def test_a_round_without_a_figure_has_no_ratio_and_the_median_is_of_the_others():
+def test_a_round_without_a_figure_has_no_ratio_and_the_target_is_not_met_without_every_round():
     rows = [_row("fanout", "S=1", "raw", "-", 1, 100), _row("fanout", "S=1", "router", "signal", 1, None),
             _row("fanout", "S=1", "raw", "-", 2, 100), _row("fanout", "S=1", "router", "signal", 2, 120)]
     (s1, p2p, *_) = summarise(rows, targets(OPTIONS), 2)
-    assert s1["ratios"] == [None, 1.2] and s1["median"] == 1.2 and s1["met"] and s1["rounds_met"] == 1
+    assert s1["ratios"] == [None, 1.2] and s1["median"] == 1.2 and s1["rounds_met"] == 1 and not s1["met"]
     assert p2p["ratios"] == [None, None] and p2p["median"] is None and not p2p["met"]
+    assert "| 1.00 | - | 1.20 | 1.20 | no (1 of 2 rounds, 1 without a figure) |" in markdown_targets([s1])
+
+
+def test_a_round_that_delivered_nothing_is_a_ratio_of_zero_not_a_missing_one():
+    rows = [_row("fanout", "S=1", "raw", "-", n, 100) for n in (1, 2, 3)]
+    rows += [_row("fanout", "S=1", "router", "signal", n, value) for n, value in ((1, 0), (2, 130), (3, 120))]
+    (s1, *_) = summarise(rows, targets(OPTIONS), 3)
+    assert s1["ratios"] == [0.0, 1.3, 1.2] and s1["median"] == 1.2 and s1["rounds_met"] == 2 and s1["met"]
 
 
 def test_signal_hubs_and_nolags_settings_merge_and_a_conflict_is_refused():
@@ -111,6 +119,7 @@ def _args(*argv: str) -> argparse.Namespace:
     (("all", "--dialect", "all"), {"raw": "not here"}, False),
     (("all", "--dialect", "all", "--gateways", "2"), {}, False),
     (("all", "--dialect", "all", "--eventlog", "compare"), {}, False),
+    (("all", "--dialect", "all", "--pin-gateway"), {}, True),
     (("fanout", "--dialect", "all"), {}, False),
 ])
 def test_all_ends_with_the_rounds_only_when_it_measures_what_they_compare(argv, skipped, runs):
