@@ -354,24 +354,28 @@ class NolagSession(DialectSession):
         dropped, as ``DialectSession.on_binaries`` does (an ack read as bytes closes nothing)."""
         index, count = 0, len(payloads)
         wire = self.wire
-        while index < count:
-            if self.closed:
-                return
+        while index < count and not self.closed:
             if self.waiting is None and self.qos.runs and self.key is not None:
                 end = self._acked_row(payloads, index)
                 if end > index:
                     index = end
                     continue
-            self.on_message(payloads[index], False)
+            data = payloads[index]
             index += 1
+            if self.waiting is None:
+                self._receive(data)  # not an ack read as bytes: _acked_row just looked
+            else:
+                self.on_message(data, False)  # behind the frame that waits for the key store
             if not wire.receiving():
                 return
 
     def _acked_row(self, payloads: list[bytes], start: int) -> int:
-        """Ack what :meth:`_receive`'s first test would, frame after frame from ``start``, while
-        each is such a ``batchAck`` (within the size limit, read as bytes by
-        ``QosWindow.acked_packed``); they are accepted as ``BatchAck`` frames, with one clock read
-        (``Gateway.accepted_row``). Returns where the row ends (``start``: not one)."""
+        """The one place a ``batchAck`` is read as bytes: frame after frame from ``start``, while
+        each is a ``batchAck`` of the runs' next ids within the size limit (``batch_ack_packed``,
+        ``QosWindow.acked_packed``), ack it; they are accepted as ``BatchAck`` frames, with one
+        clock read (``Gateway.accepted_row``). Returns where the row ends (``start``: not one; the
+        frame then goes through :meth:`_receive`, which decodes it). For an authenticated session
+        whose window holds runs."""
         qos, limits = self.qos, self.dialect.limits
         largest = self.config.max_message_bytes + ENVELOPE_ALLOWANCE
         sizes: list[int] = []
@@ -402,6 +406,8 @@ class NolagSession(DialectSession):
                 return
             waiting.append((data, self.gateway.event_meta(DIALECT) if data else None))
             return
+        if self.qos.runs and self.key is not None and self._acked_row([data], 0):
+            return
         self._receive(data)
 
     def _receive(self, data: bytes, meta: tuple | None = None, reserved: Any = None) -> None:
@@ -423,14 +429,6 @@ class NolagSession(DialectSession):
                 head = codec.envelope(data, self.dialect.limits)
                 raise codec.nolag_error("message_too_large", f"message of {size} bytes exceeds "
                                         f"{self.config.max_message_bytes}", head.topic, head.msg_ref)
-            if self.qos.runs and self.key is not None:
-                # A batchAck of the next ids this connection was written, in order, as this router
-                # packs them: acked by comparing bytes, none of them read (else decoded below).
-                found = codec.batch_ack_packed(data, self.dialect.limits)
-                if found is not None and self.qos.acked_packed(data, *found):
-                    self.dialect.acked_as_bytes += 1
-                    gateway.accepted(contract.retag(meta, "BatchAck", None), None, size, self.wire.id)
-                    return
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))

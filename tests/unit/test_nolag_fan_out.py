@@ -677,21 +677,21 @@ def test_a_batch_ack_of_a_runs_next_ids_in_order_is_read_as_bytes_and_anything_e
     decode = codec.decode
     codec.decode = None  # read as bytes: not decoded
     try:
-        first._receive(ack)
+        first.on_message(ack, False)
     finally:
         codec.decode = decode
     assert [(held, acked) for held, acked in first.qos.runs] == [(run, 2)] and dialect.acked_as_bytes == 1
     assert [(held, acked) for held, acked in second.qos.runs] == [(run, 0)]  # one window's count each
     assert gateway.received == [("BatchAck", len(ack), first.wire.id)]
 
-    first._receive(msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[2], UUIDS[2]]}))  # 2 > 1 out: decoded
+    first.on_message(msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[2], UUIDS[2]]}), False)  # 2 > 1 out: decoded
     assert first.qos.runs == deque() and first.qos.size() == 0
-    second._receive(msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[1]]}))  # out of order: decoded
+    second.on_message(msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[1]]}), False)  # out of order: decoded
     assert second.qos.runs == deque() and list(second.qos.unacked) == [UUIDS[0], UUIDS[2]]
 
     first.fan_out_run([message(msg_id, 1, 20 + n) for n, msg_id in enumerate(UUIDS[3:])], ids, gateway)
     bad = msgpack.packb({"type": "batchAck", "msgIds": [UUIDS[3], 7]})  # the shape read as bytes, an int in it
-    first._receive(bad)
+    first.on_message(bad, False)
     assert first.wire.frames[-1]["type"] == "error" and first.wire.frames[-1]["error"] == "invalid_message"
     assert gateway.received[-1] == (None, len(bad), first.wire.id, "invalid_message")  # refused undecoded
     assert list(first.qos.outstanding()) == UUIDS[3:]  # nothing acked
@@ -758,16 +758,16 @@ def test_a_reads_batch_acks_in_a_row_are_acked_and_logged_together_and_the_rest_
 
 def test_after_a_frame_that_closed_the_connection_the_rest_of_the_row_is_dropped():
     gateway, dialect, session = _acked_world()
-    session.qos.runs.clear()  # nothing read as bytes: each frame goes through on_message
+    session.qos.runs.clear()  # nothing read as bytes: each frame goes through _receive
     handled = []
-    on_message = session.on_message
+    receive = session._receive
 
-    def closing(data: bytes, is_text: bool) -> None:
+    def closing(data: bytes) -> None:
         handled.append(data)
-        on_message(data, is_text)
+        receive(data)
         session.wire.close(1008, "bye")
 
-    session.on_message = closing
+    session._receive = closing
     session.on_binaries([b"", b"", b""])
     assert handled == [b""]
 
