@@ -293,10 +293,7 @@ def run(args: argparse.Namespace) -> int:
     if _with_targets(args, skipped):
         round_rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
                                           progress, args.eventlog != "off", args.pin_gateway)
-        print()
-        print(format_table(round_rows))
-        print()
-        print(targets.format_targets(summary))
+        _print_rounds(round_rows, summary)
         content.update(target_rounds=round_rows, targets=summary)
         write_json(out, content)
     print(f"\nresults written to {out} ({time.monotonic() - started:.0f} s)")
@@ -322,6 +319,13 @@ def _with_targets(args: argparse.Namespace, skipped: dict[str, str]) -> bool:
             and args.eventlog != "compare")
 
 
+def _print_rounds(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> None:
+    print()
+    print(format_table(rows))
+    print()
+    print(targets.format_targets(summary))
+
+
 def _targets_only(args: argparse.Namespace, options: Options) -> int:
     if args.target_rounds < 1:
         raise SystemExit("router bench targets: --target-rounds must be at least 1")
@@ -329,10 +333,7 @@ def _targets_only(args: argparse.Namespace, options: Options) -> int:
     rows, summary = targets.run(options, args.target_rounds, None if args.pin < 0 else args.pin,
                                 lambda message: print(f"bench: {message}", flush=True), args.eventlog != "off",
                                 args.pin_gateway)
-    print()
-    print(format_table(rows))
-    print()
-    print(targets.format_targets(summary))
+    _print_rounds(rows, summary)
     out = Path(args.out or "benchmarks/results/bench-targets.json")
     content = document("targets", {**vars(options), "argv": {k: v for k, v in vars(args).items() if k != "func"}},
                        [], [], {})

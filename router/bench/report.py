@@ -90,7 +90,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append((
             row["scenario"], row["case"], row.get("dialect", "-"), row["system"], row["metric"],
-            _number(row.get("value")), _ratio(row.get("ratio_to_raw")), _ratio(row.get("ratio_to_signal")),
+            _number(row.get("value")), ratio_cell(row.get("ratio_to_raw")), ratio_cell(row.get("ratio_to_signal")),
             _percent(row.get("server_cpu_pct")), _percent(row.get("shards_cpu_pct")), _percent(row.get("loadgen_cpu_pct")),
             row.get("notes", ""),
         ))
@@ -109,7 +109,7 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
-def _ratio(value: float | None) -> str:
+def ratio_cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
@@ -121,7 +121,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         out.append(f"| {row['scenario']} | {row['case']} | {row.get('dialect', '-')} | {row['system']} "
                    f"| {row['metric']} | {_number(row.get('value'))} "
-                   f"| {_ratio(row.get('ratio_to_raw'))} | {_ratio(row.get('ratio_to_signal'))} "
+                   f"| {ratio_cell(row.get('ratio_to_raw'))} | {ratio_cell(row.get('ratio_to_signal'))} "
                    f"| {_percent(row.get('server_cpu_pct'))} "
                    f"| {_percent(row.get('shards_cpu_pct'))} | {_percent(row.get('loadgen_cpu_pct'))} "
                    f"| {row.get('notes', '')} |")

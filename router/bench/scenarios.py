@@ -445,7 +445,7 @@ def run_system(system: System, cases: list[Case], options: Options, progress: Ca
                 system.start()
             label = f"{case.scenario} {case.case}: {system.name}" + (f" ({case.dialect})" if case.dialect else "")
             progress(f"{label} ...")
-            row = run_case(system, case, options, loadgen_cpus)
+            row = run_case(system.for_case(case), case, options, loadgen_cpus)
             progress(f"{label}: {row.get('value')} {case.metric}"
                      f"{'  (' + row['notes'] + ')' if row.get('notes') else ''}")
             rows.append(row)

@@ -71,6 +71,11 @@ class System:
         """What the load generators need of this system (``spec["config"]``)."""
         return {}
 
+    def for_case(self, case: Any) -> "System":
+        """What ``case`` is measured through (itself; a router set up for several dialects: the
+        case's, :meth:`RouterSystem.serving`)."""
+        return self
+
     def start(self) -> None:
         raise NotImplementedError
 
@@ -215,10 +220,13 @@ class RouterSystem(System):
         self._affinity: list[int] | None = None
 
     def accepts(self, case: Any) -> bool:
-        return case.dialect == self.dialect
+        return case.dialect in self.dialects
 
     def client_config(self) -> dict[str, Any]:
         return self.config
+
+    def for_case(self, case: Any) -> "RouterSystem":
+        return self if case.dialect == self.dialect else self.serving(case.dialect)
 
     def start(self) -> None:
         import ray

@@ -25,9 +25,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import psutil
-
-from router.bench.scenarios import Case, Options, fanout_cases, p2p_cases, run_case, run_system
+from router.bench.report import ratio_cell
+from router.bench.scenarios import Case, Options, fanout_cases, p2p_cases, run_system
 from router.bench.systems import RawSystem, RouterSystem
 
 DIALECTS = ("signal", "nolag")  # the router of a round serves both
@@ -119,8 +118,12 @@ def run(options: Options, rounds: int, pin: int | None, progress: Callable[[str]
             progress(f"targets round {number}/{rounds}: {phase}")
             if phase == "raw":
                 done = run_system(RawSystem(pin), cases, options, progress)
-            else:
-                done = _router_phase(cases, options, progress, eventlog, pin if pin_gateway else None)
+            else:  # a fresh router of Signal Hub and NoLag, stopped (its processes gone) after its cases
+                router = RouterSystem(eventlog=eventlog, dialect=DIALECTS[0], cpu=pin if pin_gateway else None,
+                                      also=DIALECTS[1:])
+                done = run_system(router, cases, options, progress)
+                for row in done:
+                    row["gateway_pids"] = list(router.gateway_pids)
             for row in done:
                 row["base_case"], row["round"] = row["case"], number
                 row["case"] = f"{row['case']}, round {number}"
@@ -128,35 +131,12 @@ def run(options: Options, rounds: int, pin: int | None, progress: Callable[[str]
     return rows, summarise(rows, targets(options), rounds)
 
 
-def _router_phase(cases: list[Case], options: Options, progress: Callable[[str], None],
-                  eventlog: bool, cpu: int | None) -> list[dict[str, Any]]:
-    """A fresh router of Signal Hub and NoLag, every case of the phase on it, stopped (its
-    processes gone) before the next phase."""
-    router = RouterSystem(eventlog=eventlog, dialect=DIALECTS[0], cpu=cpu, also=DIALECTS[1:])
-    router.start()
-    loadgen_cpus = None
-    if router.cpu is not None:  # as run_system places a pinned system's load generators
-        loadgen_cpus = set(range(psutil.cpu_count())) - {router.cpu} or None
-    rows = []
-    try:
-        for case in cases:
-            label = f"{case.scenario} {case.case}: router ({case.dialect})"
-            progress(f"{label} ...")
-            row = run_case(router.serving(case.dialect), case, options, loadgen_cpus)
-            row["gateway_pids"] = list(router.gateway_pids)
-            progress(f"{label}: {row.get('value')} {case.metric}")
-            rows.append(row)
-    finally:
-        router.stop()
-    return rows
-
-
 def format_targets(summary: list[dict[str, Any]]) -> str:
     """The terminal table of the targets: goal, each round's ratio, the median, met or not."""
     rounds = max((len(item["ratios"]) for item in summary), default=0)
     header = ("target", "goal", *(f"round {n}" for n in range(1, rounds + 1)), "median", "met")
-    lines = [header] + [(item["target"], f"{item['goal']:.2f}", *(_ratio(r) for r in item["ratios"]),
-                         _ratio(item["median"]), _met(item)) for item in summary]
+    lines = [header] + [(item["target"], f"{item['goal']:.2f}", *(ratio_cell(r) for r in item["ratios"]),
+                         ratio_cell(item["median"]), _met(item)) for item in summary]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = ["  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
                      for i, (cell, width) in enumerate(zip(line, widths))).rstrip() for line in lines]
@@ -170,13 +150,9 @@ def markdown_targets(summary: list[dict[str, Any]]) -> str:
            "|---|---:|" + "---:|" * rounds + "---:|---|"]
     for item in summary:
         out.append(f"| {item['target']} | {item['goal']:.2f} | "
-                   + " | ".join(_ratio(r) for r in item["ratios"])
-                   + f" | {_ratio(item['median'])} | {_met(item)} |")
+                   + " | ".join(ratio_cell(r) for r in item["ratios"])
+                   + f" | {ratio_cell(item['median'])} | {_met(item)} |")
     return "\n".join(out)
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def _met(item: dict[str, Any]) -> str:
