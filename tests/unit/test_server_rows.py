@@ -7,6 +7,7 @@ a row) that closed the connection nothing more of the read is handed over, in ei
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -135,3 +136,29 @@ def test_receiving_is_open_and_not_failed():
     connection._failed = False
     connection.ws.state = State.CLOSING
     assert not connection.receiving()
+
+
+class DefaultRowSession(DialectSession):
+    """A session that takes rows with ``DialectSession.on_binaries`` as it is (no dialect
+    overrides it but NoLag): each message of the row through ``on_message``."""
+
+    takes_binaries = True
+
+    def __init__(self, connection: Connection, close_on: bytes | None = None) -> None:
+        super().__init__(SimpleNamespace(config=None, gateway=None, shards=None), connection)  # type: ignore[arg-type]
+        self.close_on = close_on
+        self.got: list[tuple] = []
+
+    def on_message(self, data: bytes, is_text: bool) -> None:
+        self.got.append(("one", data, is_text))
+        if data == self.close_on:
+            self.wire.close(1000, "bye")
+
+
+def test_the_default_row_is_each_message_through_on_message_until_one_closes_the_connection():
+    connection, session = connection_with(DefaultRowSession, close_on=b"c")
+    connection.data_received(frame(b"a") + frame(b"b" * 300) + frame(b"t", text=True) + frame(b"x"))
+    assert session.got == [("one", b"a", False), ("one", b"b" * 300, False), ("one", b"t", True),
+                           ("one", b"x", False)]
+    connection.data_received(frame(b"c") + frame(b"d") + frame(b"e"))
+    assert session.got[4:] == [("one", b"c", False)] and connection.ws.state is State.CLOSING
