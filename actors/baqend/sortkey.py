@@ -110,15 +110,19 @@ def field_key(document: Any, parts: tuple[str, ...], direction: int) -> tuple:
 
 
 def sort_key(spec: SortSpec, id_field: str = "id") -> Callable[[Mapping[str, Any]], tuple]:
-    """``key(document)`` ordering documents as MongoDB's ``sort(spec)``, ties broken by ascending id."""
+    """``key(document)`` ordering documents as MongoDB's ``sort(spec)``, ties broken by ascending id.
+
+    The key is flat: each field's ``(rank, value)`` pair, then the id's, in one tuple. Every pair
+    has two items, so the flat tuple orders as the tuple of pairs would; a sorted window compares
+    keys on every write, and a flat key is one object less to reach per comparison."""
     fields = [(split_path(field), direction) for field, direction in spec]
 
     def key(document: Mapping[str, Any]) -> tuple:
-        parts = []
+        parts: list = []
         for path, direction in fields:
             value = field_key(document, path, direction)
-            parts.append(value if direction == 1 else descending(value))
-        parts.append(bson_key(document.get(id_field, MISSING)))
+            parts += value if direction == 1 else descending(value)
+        parts += bson_key(document.get(id_field, MISSING))
         return tuple(parts)
 
     return key
