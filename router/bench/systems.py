@@ -218,6 +218,8 @@ class RouterSystem(System):
         self.config: dict[str, Any] = {}
         self.cpu = cpu if gateways == 1 else None
         self._affinity: list[int] | None = None
+        self.gateway_pids: list[int] = []  # once started
+        self.shard_pids: list[int] = []
 
     def accepts(self, case: Any) -> bool:
         return case.dialect in self.dialects
@@ -313,7 +315,7 @@ class RouterSystem(System):
         have exited: a baseline measured next never shares the machine with them."""
         if self.router is not None:
             workers = []
-            for pid in [*getattr(self, "gateway_pids", []), *getattr(self, "shard_pids", [])]:
+            for pid in [*self.gateway_pids, *self.shard_pids]:
                 try:
                     workers.append(psutil.Process(pid))
                 except psutil.Error:
