@@ -14,6 +14,7 @@ at once, so the window never needs a re-query and never drifts from the database
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping
 
@@ -24,6 +25,11 @@ from actors.baqend.mongoquery import QueryError, UnsupportedQueryError, compile_
 from actors.baqend.sortkey import parse_sort, sort_key
 
 MAX_RESULT = 500  # offset + limit of a sorted query
+# A sorted query keeps its entries in a plain list while there are at most this many: a write finds
+# and takes its place with one search and one insert done in C, where a SortedList runs its own
+# Python code for each. Longer, they move to a SortedList (a plain list's insert moves every later
+# entry), and back once they are fewer than half of it. SortedList's own lists hold up to 2,000.
+LIST_MAX = 2000
 MATCH_TYPES = frozenset({"add", "change", "changeIndex", "remove", "match"})
 OPERATIONS = frozenset({"insert", "update", "delete", "none"})
 WRITES = frozenset({"insert", "update", "delete"})
@@ -125,8 +131,8 @@ class RealtimeQuery:
         self.share_key = None if text is None or id_field != "id" else (
             text, spec, self.offset, self.limit, self.match_types, self.operations, visible)
         self._documents: dict[Any, Document] = {}  # id -> current image, every matching object
-        self._entries: dict[Any, tuple[tuple, Any]] = {}  # id -> (sort key, id), sorted queries
-        self._order: SortedList = SortedList()
+        self._entries: dict[Any, tuple] = {}  # id -> its sort key (the id last), sorted queries
+        self._order: list | SortedList = []  # the entries in order (LIST_MAX)
         self._key = sort_key(spec, id_field)
         for document in documents:
             self._admit(document)
@@ -140,8 +146,8 @@ class RealtimeQuery:
         """The current result: the visible window in order, or every match (in arrival order)."""
         if not self.is_sorted:
             return list(self._documents.values())
-        window = self._order.islice(self.offset, self.offset + self.limit)
-        return [self._documents[object_id] for _, object_id in window]
+        window = self._order[self.offset:self.offset + self.limit]
+        return [self._documents[entry[-1]] for entry in window]
 
     def __len__(self) -> int:
         """Matching documents, including those outside the window."""
@@ -202,24 +208,22 @@ class RealtimeQuery:
         # Only the written object moves; every other matching object shifts by at most one
         # place, so at most one other object can leave the window (the first or last visible
         # one) and at most one can enter (at the first or last visible place).
-        order, low, high = self._order, self.offset, self.offset + self.limit
+        low, high = self.offset, self.offset + self.limit
         old_entry = self._entries.get(object_id)
-        new_entry = (self._key(new), object_id) if new is not None else None
+        new_entry = self._key(new) if new is not None else None
         if old_entry is None and new_entry is None:
             return []
-        old_pos = order.index(old_entry) if old_entry is not None else None
         old_edges = self._edges(low, high)
         old_document = self._documents.get(object_id)
-
+        old_pos = new_pos = None
         if old_entry is not None:
-            order.remove(old_entry)
+            old_pos = self._take(old_entry)
             del self._entries[object_id]
             del self._documents[object_id]
         if new_entry is not None:
-            order.add(new_entry)
+            new_pos = self._put(new_entry)
             self._entries[object_id] = new_entry
             self._documents[object_id] = new
-        new_pos = order.index(new_entry) if new_entry is not None else None
         was_visible = old_pos is not None and low <= old_pos < high
         is_visible = new_pos is not None and low <= new_pos < high
 
@@ -238,21 +242,21 @@ class RealtimeQuery:
                     - (old_entry is not None and old_entry < entry))
 
         for previous, entry in old_edges:
-            if entry[1] != object_id and not low <= previous + moved(entry) < high:
-                removed.append(Event("remove", "none", self._documents[entry[1]]))
+            if entry[-1] != object_id and not low <= previous + moved(entry) < high:
+                removed.append(Event("remove", "none", self._documents[entry[-1]]))
         for position, entry in self._edges(low, high):
-            if entry[1] == object_id:
+            if entry[-1] == object_id:
                 continue
             previous = position - moved(entry)
             if not low <= previous < high:
-                added.append(Event("add", "none", self._documents[entry[1]], position - low))
+                added.append(Event("add", "none", self._documents[entry[-1]], position - low))
         if is_visible:
             added.append(Event("add", operation, new, new_pos - low))
         # Clients apply events in order: the remove first, so an add's index is that of the
         # window after the remove (baqend-notes.md).
         return removed + added
 
-    def _edges(self, low: int, high: int) -> list[tuple[int, tuple[tuple, Any]]]:
+    def _edges(self, low: int, high: int) -> list[tuple[int, tuple]]:
         """The entries at the first and the last visible place, where the window can change, each
         with its place."""
         size = len(self._order)
@@ -264,6 +268,31 @@ class RealtimeQuery:
             edges.append((last, self._order[last]))
         return edges
 
+    def _take(self, entry: tuple) -> int:
+        """Remove ``entry`` (held) from the order; its place was."""
+        order = self._order
+        if type(order) is list:
+            position = bisect_left(order, entry)  # entries are unique (the id ends each)
+            del order[position]
+            return position
+        position = order.index(entry)
+        del order[position]
+        if len(order) < LIST_MAX // 2:
+            self._order = list(order)
+        return position
+
+    def _put(self, entry: tuple) -> int:
+        """Insert ``entry`` (not held) into the order; its place is."""
+        order = self._order
+        if type(order) is list:
+            position = bisect_left(order, entry)
+            order.insert(position, entry)
+            if len(order) > LIST_MAX:
+                self._order = SortedList(order)
+            return position
+        order.add(entry)
+        return order.index(entry)
+
     def _admit(self, document: Document) -> None:
         object_id = document.get(self._id_field)
         if object_id is None:
@@ -271,14 +300,14 @@ class RealtimeQuery:
         self._documents.pop(object_id, None)
         entry = self._entries.pop(object_id, None)
         if entry is not None:
-            self._order.remove(entry)
+            self._take(entry)
         if not self.predicate(document):
             return
         self._documents[object_id] = document
         if self.is_sorted:
-            entry = (self._key(document), object_id)
+            entry = self._key(document)
             self._entries[object_id] = entry
-            self._order.add(entry)
+            self._put(entry)
 
     def _object_id(self, before: Document | None, after: Document | None, operation: str) -> Any:
         if operation not in WRITES:

@@ -109,12 +109,16 @@ def field_key(document: Any, parts: tuple[str, ...], direction: int) -> tuple:
     return min(keys) if direction == 1 else max(keys)
 
 
+@functools.lru_cache(maxsize=1024)
 def sort_key(spec: SortSpec, id_field: str = "id") -> Callable[[Mapping[str, Any]], tuple]:
     """``key(document)`` ordering documents as MongoDB's ``sort(spec)``, ties broken by ascending id.
 
-    The key is flat: each field's ``(rank, value)`` pair, then the id's, in one tuple. Every pair
-    has two items, so the flat tuple orders as the tuple of pairs would; a sorted window compares
-    keys on every write, and a flat key is one object less to reach per comparison."""
+    The key is flat: each field's ``(rank, value)`` pair, then the id's, in one tuple, and last the
+    id itself (what a sorted window holds its entries by: :class:`~actors.baqend.rtquery.RealtimeQuery`).
+    Every pair has two items, so the flat tuple orders as the tuple of pairs would, and the id's pair
+    already tells two documents apart; a sorted window compares keys on every write, and a flat key
+    is one object less to reach per comparison. One key function for each sort (cached): the
+    queries of one sort share it, so a write reaches the same few objects whichever query it meets."""
     fields = [(split_path(field), direction) for field, direction in spec]
 
     def key(document: Mapping[str, Any]) -> tuple:
@@ -122,7 +126,9 @@ def sort_key(spec: SortSpec, id_field: str = "id") -> Callable[[Mapping[str, Any
         for path, direction in fields:
             value = field_key(document, path, direction)
             parts += value if direction == 1 else descending(value)
-        parts += bson_key(document.get(id_field, MISSING))
+        object_id = document.get(id_field, MISSING)
+        parts += bson_key(object_id)
+        parts.append(object_id)
         return tuple(parts)
 
     return key

@@ -7,10 +7,13 @@ import functools
 import pickle
 from typing import Any
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.baqend import rtquery
 from actors.baqend.rtquery import Event, RealtimeQuery, SubscriptionError
 
 
@@ -516,8 +519,16 @@ def apply_to_client(window: list[dict], events: list[Event], written: str, opera
     sort_index=st.integers(0, len(SORTS) - 1),
     offset=st.integers(0, 3),
     limit=st.one_of(st.none(), st.integers(1, 4)),
+    list_max=st.sampled_from([rtquery.LIST_MAX, 4]),
 )
-def test_window_equals_rerunning_the_query_after_any_writes(before, after, query_index, sort_index, offset, limit):
+def test_window_equals_rerunning_the_query_after_any_writes(before, after, query_index, sort_index, offset, limit,
+                                                             list_max):
+    # list_max 4: the order moves between a plain list and a SortedList as the matches come and go
+    with mock.patch.object(rtquery, "LIST_MAX", list_max):
+        check_window_after_writes(before, after, query_index, sort_index, offset, limit)
+
+
+def check_window_after_writes(before, after, query_index, sort_index, offset, limit):
     store: dict[str, dict] = {}
     version = 0
 
@@ -607,3 +618,34 @@ def test_queries_of_one_text_share_one_predicate_and_the_shared_ones_are_bounded
     RealtimeQuery({"$or": [{"a": 1}]})
     with pytest.raises(SubscriptionError):
         RealtimeQuery({"$or": ({"a": 1},)})
+
+
+def test_a_long_order_moves_to_a_sorted_list_and_back_with_the_same_window():
+    from sortedcontainers import SortedList
+
+    query = RealtimeQuery({}, {"n": -1}, limit=3)
+    count = rtquery.LIST_MAX + 500
+    for n in range(count):
+        events = query.apply(None, obj(f"k{n:05d}", n=n), "insert")
+        assert [(e.match_type, e.data["n"], e.index) for e in events][-1] == ("add", n, 0)
+    assert type(query._order) is SortedList and len(query) == count
+    assert [d["n"] for d in query.result()] == [count - 1, count - 2, count - 3]
+    # the top leaves: the fourth enters at the last place
+    events = query.apply(obj(f"k{count - 1:05d}", n=count - 1), None, "delete")
+    assert [(e.match_type, e.operation, e.data["n"], e.index) for e in events] == [
+        ("remove", "delete", count - 1, None), ("add", "none", count - 4, 2)]
+    for n in range(count - 2, rtquery.LIST_MAX // 2 - 2, -1):  # below half of LIST_MAX: a plain list again
+        query.apply(obj(f"k{n:05d}", n=n), None, "delete")
+    assert type(query._order) is list and len(query) == rtquery.LIST_MAX // 2 - 1
+    assert [d["n"] for d in query.result()] == [rtquery.LIST_MAX // 2 - 2, rtquery.LIST_MAX // 2 - 3,
+                                                rtquery.LIST_MAX // 2 - 4]
+    # an update moving an entry from the bottom to the top
+    events = query.apply(obj("k00000", n=0), obj("k00000", 2, n=10**6), "update")
+    assert [(e.match_type, e.data["id"], e.index) for e in events] == [
+        ("remove", f"/db/Todo/k{rtquery.LIST_MAX // 2 - 4:05d}", None), ("add", "/db/Todo/k00000", 0)]
+
+
+def test_queries_of_one_sort_share_one_key_function():
+    first, second = RealtimeQuery({"g": 1}, {"n": -1}, limit=3), RealtimeQuery({"g": 2}, '{"n": -1}', limit=5)
+    assert first._key is second._key
+    assert RealtimeQuery({"g": 1}, {"n": 1}, limit=3)._key is not first._key
