@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 import pickle
 from typing import Any
-
 from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sortedcontainers import SortedList
 
 from actors.baqend import rtquery
 from actors.baqend.rtquery import Event, RealtimeQuery, SubscriptionError
@@ -621,8 +621,6 @@ def test_queries_of_one_text_share_one_predicate_and_the_shared_ones_are_bounded
 
 
 def test_a_long_order_moves_to_a_sorted_list_and_back_with_the_same_window():
-    from sortedcontainers import SortedList
-
     query = RealtimeQuery({}, {"n": -1}, limit=3)
     count = rtquery.LIST_MAX + 500
     for n in range(count):
