@@ -63,12 +63,13 @@ class Run:
     entries (each entry ``attempts`` 1, one ``due``), never changed once made and shared by the
     windows of every recipient (:meth:`QosWindow.add_run`)."""
 
-    __slots__ = ("ids", "entries", "due", "_index", "_packed")
+    __slots__ = ("ids", "entries", "due", "_index", "_packed", "_view")
 
     def __init__(self, ids: tuple[str, ...], entries: tuple[Unacked, ...], due: float) -> None:
         self.ids, self.entries, self.due = ids, entries, due
         self._index: dict[str, int] | None = None
         self._packed: tuple[bytes, int] | None = None
+        self._view: tuple[memoryview, int] | None = None
 
     def position(self, msg_id: str) -> int:
         """Where ``msg_id`` is among the ids, -1 if it is not one of them."""
@@ -84,6 +85,14 @@ class Run:
         if packed is None:
             packed = self._packed = packed_ids(self.ids)
         return packed
+
+    def view(self) -> tuple[memoryview, int]:
+        """:meth:`packed` as a memoryview: a slice of it is compared without a copy."""
+        view = self._view
+        if view is None:
+            packed, width = self.packed()
+            view = self._view = (memoryview(packed), width)
+        return view
 
 
 class QosWindow:
@@ -234,6 +243,20 @@ class QosWindow:
         connection that has acked before."""
         if not self.acks_seen or not self.runs or count > self.in_runs:
             return False
+        state = self.runs[0]
+        run, first = state
+        end = first + count
+        if end <= len(run.ids):  # all of them in the first run (a client acks less than a run a frame)
+            view, width = run.view()
+            if not width or len(data) - start != count * width or not data.startswith(view[first * width:end * width],
+                                                                                       start):
+                return False
+            self.in_runs -= count
+            if end == len(run.ids):
+                self.runs.popleft()
+            else:
+                state[1] = end
+            return True
         position, left = start, count
         for run, first in self.runs:
             packed, width = run.packed()

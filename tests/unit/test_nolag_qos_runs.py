@@ -131,6 +131,19 @@ def test_a_packed_batch_ack_of_the_next_ids_in_order_is_acked_across_runs():
     assert [acked for _, acked in qos.runs] == [1] and list(qos.outstanding()) == IDS[4:6]
 
 
+def test_a_packed_batch_ack_within_the_first_run_moves_its_count_and_one_to_its_end_takes_it_out():
+    qos = window()
+    first, second = run_of(IDS[:3], 10), run_of(IDS[3:6], 20)
+    qos.add_run(first)
+    qos.add_run(second)
+    assert packed_ack(qos, batch_ack(IDS[:2])) is True
+    assert [(held, acked) for held, acked in qos.runs] == [(first, 2), (second, 0)] and qos.size() == 4
+    assert packed_ack(qos, batch_ack(IDS[2:3])) is True
+    assert [(held, acked) for held, acked in qos.runs] == [(second, 0)] and qos.size() == 3
+    assert packed_ack(qos, batch_ack(IDS[3:6])) is True
+    assert not qos.runs and qos.in_runs == 0 and qos.size() == 0 and qos.unacked == {}
+
+
 @pytest.mark.parametrize("frame", [
     batch_ack([IDS[1], IDS[0]]),  # out of order
     batch_ack(IDS[1:3]),  # not from the first one left
