@@ -152,7 +152,13 @@ def test_a_packed_batch_ack_within_the_first_run_moves_its_count_and_one_to_its_
     batch_ack(IDS[:2])[:-1],  # cut short
     batch_ack([IDS[0], IDS[1][:-1] + "X"]),  # one byte differs
     msgpack.packb({"msgIds": IDS[:2], "type": "batchAck"}),  # the keys the other way round
-], ids=["order", "not-first", "too-many", "extra", "short", "differs", "keys"])
+    # across the runs' border (the walk of the runs, not the first run's one comparison)
+    batch_ack(IDS[1:5]),  # not from the first one left
+    batch_ack(IDS[:4]) + b"\xc0",  # a byte after the map
+    batch_ack(IDS[:4])[:-1],  # cut short
+    batch_ack(IDS[:3] + [IDS[4]]),  # the second run's first id skipped
+], ids=["order", "not-first", "too-many", "extra", "short", "differs", "keys", "across-not-first", "across-extra",
+        "across-short", "across-skipped"])
 def test_any_other_packed_batch_ack_changes_nothing(frame: bytes):
     qos = window()
     qos.add_run(run_of(IDS[:3], 10))
