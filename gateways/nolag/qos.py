@@ -63,13 +63,12 @@ class Run:
     entries (each entry ``attempts`` 1, one ``due``), never changed once made and shared by the
     windows of every recipient (:meth:`QosWindow.add_run`)."""
 
-    __slots__ = ("ids", "entries", "due", "_index", "_packed", "_view")
+    __slots__ = ("ids", "entries", "due", "_index", "_packed")
 
     def __init__(self, ids: tuple[str, ...], entries: tuple[Unacked, ...], due: float) -> None:
         self.ids, self.entries, self.due = ids, entries, due
         self._index: dict[str, int] | None = None
-        self._packed: tuple[bytes, int] | None = None
-        self._view: tuple[memoryview, int] | None = None
+        self._packed: tuple[memoryview, int] | None = None
 
     def position(self, msg_id: str) -> int:
         """Where ``msg_id`` is among the ids, -1 if it is not one of them."""
@@ -78,21 +77,15 @@ class Run:
             index = self._index = {msg_id: position for position, msg_id in enumerate(self.ids)}
         return index.get(msg_id, -1)
 
-    def packed(self) -> tuple[bytes, int]:
-        """The ids as MessagePack strings, back to back (as a ``batchAck``'s array carries them),
-        and the size of each one; 0 if they are not all one size (then there is no such reading)."""
+    def packed(self) -> tuple[memoryview, int]:
+        """The ids as MessagePack strings, back to back (as a ``batchAck``'s array carries them; a
+        memoryview: a slice of it is compared without a copy), and the size of each one; 0 if they
+        are not all one size (then there is no such reading)."""
         packed = self._packed
         if packed is None:
-            packed = self._packed = packed_ids(self.ids)
+            joined, width = packed_ids(self.ids)
+            packed = self._packed = (memoryview(joined), width)
         return packed
-
-    def view(self) -> tuple[memoryview, int]:
-        """:meth:`packed` as a memoryview: a slice of it is compared without a copy."""
-        view = self._view
-        if view is None:
-            packed, width = self.packed()
-            view = self._view = (memoryview(packed), width)
-        return view
 
 
 class QosWindow:
@@ -247,11 +240,11 @@ class QosWindow:
         run, first = state
         end = first + count
         if end <= len(run.ids):  # all of them in the first run (a client acks less than a run a frame)
-            view, width = run.view()
-            if not width or len(data) - start != count * width or not data.startswith(view[first * width:end * width],
-                                                                                       start):
+            packed, width = run.packed()
+            if not width or len(data) - start != count * width or not data.startswith(packed[first * width:end * width],
+                                                                                         start):
                 return False
-            self.in_runs -= count
+            self.in_runs -= count  # _take, for one run
             if end == len(run.ids):
                 self.runs.popleft()
             else:
@@ -264,7 +257,7 @@ class QosWindow:
                 return False
             take = min(left, len(run.ids) - first)
             size = take * width
-            if data[position:position + size] != packed[first * width:(first + take) * width]:
+            if not data.startswith(packed[first * width:(first + take) * width], position):  # no copy
                 return False
             position += size
             left -= take
