@@ -72,11 +72,15 @@ def frame_header(opcode: int, length: int) -> bytes:
 
 
 def joined_frames(opcode: int, payloads: list[bytes]) -> bytes:
-    """``payloads`` as frames of ``opcode`` (each with its :func:`frame_header`), back to back."""
+    """``payloads`` as frames of ``opcode`` (each with its :func:`frame_header`), back to back.
+    Payloads of one size in a row (a topic's messages, mostly) share one header."""
     parts = []
+    size, header = -1, b""
     for payload in payloads:
-        parts.append(frame_header(opcode, len(payload)))
-        parts.append(payload)
+        if len(payload) != size:
+            size = len(payload)
+            header = frame_header(opcode, size)
+        parts += (header, payload)
     return b"".join(parts)
 
 

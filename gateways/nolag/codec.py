@@ -277,14 +277,23 @@ def _unsubscribe(fields: dict, limits: Limits) -> Unsubscribe:
 
 
 def _publish(fields: dict, limits: Limits) -> Publish:
+    # Each field is checked by its helper, which also raises its error; a value of the usual kind
+    # (a topic this process has checked before, an int qos of 0-2, a bool echo) is taken without
+    # the call (a publish is the frame a busy topic sees most).
     msg_ref = fields.get("msgRef")
     if isinstance(msg_ref, (dict, list)):
         raise nolag_error("invalid_message", "'msgRef' must be a scalar (string or number)",
                           fields["topic"] if isinstance(fields.get("topic"), str) else None)
-    topic = _topic(fields, limits, msg_ref)
+    topic = fields.get("topic")
+    if type(topic) is not str or len(topic) > limits.max_topic_length or topic not in _SLUG_TOPICS:
+        topic = _topic(fields, limits, msg_ref)
     try:
-        qos = _qos(fields)
-        echo = _bool(fields, "echo", True)
+        qos = fields.get("qos", 1)
+        if type(qos) is not int or not 0 <= qos <= 2:
+            qos = _qos(fields)
+        echo = fields.get("echo", True)
+        if type(echo) is not bool:
+            echo = _bool(fields, "echo", True)
         if fields.get("filters") is not None:
             raise nolag_error("invalid_filter", "'filters' (AND-composite publish) is not supported; use 'filter'")
         filter_value = fields.get("filter")
@@ -513,7 +522,11 @@ def message(topic: str, data: Any, msg_id: str | None = None, requires_ack: bool
 def packed_ids(ids: Iterable[str]) -> tuple[bytes, int]:
     """``ids`` as MessagePack strings back to back (as a ``batchAck``'s array carries them, the
     way this codec packs them) and the size of each one; 0 if they are not all one size."""
-    pieces = [_pack(msg_id) for msg_id in ids]
+    return joined_ids([_pack(msg_id) for msg_id in ids])
+
+
+def joined_ids(pieces: list[bytes]) -> tuple[bytes, int]:
+    """Ids packed one by one, back to back, and the size of each one; 0 if they are not all one size."""
     width = len(pieces[0]) if pieces else 0
     if any(len(piece) != width for piece in pieces):
         width = 0
@@ -551,6 +564,45 @@ def message_packed(topic: str, data_packed: bytes, msg_id: str | None = None, re
         count += 1
     parts[0] = bytes((0x80 | count,)) + _MESSAGE_HEAD  # fixmap: at most 9 entries
     return b"".join(parts)
+
+
+def message_run(topic: str, rows: Iterable[tuple[bytes, str | None, str | None, int | float | None]],
+                requires_ack: bool) -> tuple[list[bytes], list[bytes]]:
+    """The ``message`` frames of messages of one ``topic``, rows of ``(data_packed, msg_id, filter,
+    timestamp)``: each frame the bytes :func:`message_packed` makes of its row (``requires_ack``
+    for all, not a replay, no sender), with what every frame shares (its map's header, ``type`` and
+    ``topic``) packed once a count of entries; and the rows' ids packed, in order, as a ``batchAck``
+    carries them (a row without an id adds none)."""
+    topic_part = _MESSAGE_HEAD + _pack(topic) + _K_DATA
+    heads: dict[int, bytes] = {}
+    ack = _REQUIRES_ACK if requires_ack else b""
+    base = 4 if requires_ack else 3
+    frames: list[bytes] = []
+    ids: list[bytes] = []
+    for data, msg_id, filter_, timestamp in rows:
+        count = base
+        if msg_id is None:
+            id_part = b""
+        else:
+            packed_id = _pack(msg_id)
+            ids.append(packed_id)
+            id_part = _K_MSG_ID + packed_id
+            count += 1
+        if filter_ is None:
+            filter_part = b""
+        else:
+            filter_part = _K_FILTER + _pack(filter_)
+            count += 1
+        if timestamp is None:
+            stamp = b""
+        else:
+            stamp = _K_TIMESTAMP + _pack(timestamp)
+            count += 1
+        head = heads.get(count)
+        if head is None:
+            head = heads[count] = bytes((0x80 | count,)) + topic_part
+        frames.append(b"".join((head, data, id_part, ack, filter_part, stamp)))
+    return frames, ids
 
 
 def auth_ok(actor_token_id: str, project_id: str | None, protocol_version: int,

@@ -432,7 +432,8 @@ class NolagSession(DialectSession):
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))
-            if (self.key is not None and reserved is None and not self._answers_outstanding(request)
+            if (self.key is not None and reserved is None
+                    and (kind == "Publish" or not self._answers_outstanding(request))
                     and self.bucket.take(time.monotonic())):
                 raise codec.nolag_error("rate_limit_exceeded", f"more than {self.bucket.rate:g} messages per second",
                                         getattr(request, "topic", None), getattr(request, "msg_ref", None))
@@ -449,6 +450,8 @@ class NolagSession(DialectSession):
                 self._auth(request)
             elif self.key is None:
                 raise NolagError("not_authenticated", None, "send auth first")
+            elif kind == "Publish":  # _handle's first case, without its call
+                self._publish(request, meta)
             else:
                 self._handle(request, meta)
         except NolagError as failure:
@@ -961,15 +964,17 @@ class NolagSession(DialectSession):
                     if not fine:
                         return False
             subs.append(sub)
-        frames = [codec.message_packed(topic, packed, msg_id, acked, False, filter_, None, ts_ms)
-                  for _, packed, msg_id, _, filter_, ts_ms, _, _ in payloads]
+        # The frames as message_packed builds them one by one (at QoS 0 no payload has an id),
+        # with the ids packed for the run's batchAck comparison (QosWindow.acked_packed)
+        frames, packed_ids = codec.message_run(topic, [(payload[1], payload[2], payload[4], payload[5])
+                                                       for payload in payloads], acked)
         joined = joined_frames(_BINARY, frames)
         last_ms = max(payload[5] for payload in payloads)
         if acked:
             due = time.monotonic() + self.qos.ack_timeout_s  # one clock read for the run (each message read its own)
             # One run, shared by every window (as the live loop shares an entry).
             run = Run(tuple(ids), tuple(Unacked(frame, payload[5], 1, due, 1, topic)
-                                        for payload, frame in zip(payloads, frames)), due)
+                                        for payload, frame in zip(payloads, frames)), due, packed_ids)
         for sub in subs:
             sub.wire.cork_frames(joined)
             if last_ms > sub.position:

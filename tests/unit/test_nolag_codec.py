@@ -238,6 +238,36 @@ def test_publish_refusals_carry_topic_and_msg_ref(extra, error, message):
     assert fields(failure(frame)) == (error, None, message, "chat/general/messages", "3-f")
 
 
+@pytest.mark.parametrize("qos, echo, expected", [
+    (None, None, (1, True)),  # nil: the defaults
+    (0, False, (0, False)),
+    (2, True, (2, True)),
+    (True, True, ("invalid_message", None, "'qos' must be 0, 1 or 2", "a/b/c", "r")),  # a bool is not an int here
+    (1.0, True, ("invalid_message", None, "'qos' must be 0, 1 or 2", "a/b/c", "r")),
+    (-1, True, ("invalid_message", None, "'qos' must be 0, 1 or 2", "a/b/c", "r")),
+    (3, True, ("invalid_message", None, "'qos' must be 0, 1 or 2", "a/b/c", "r")),
+    (1, 1, ("invalid_message", None, "'echo' must be a boolean", "a/b/c", "r")),
+    (1, "yes", ("invalid_message", None, "'echo' must be a boolean", "a/b/c", "r")),
+])
+def test_a_publish_takes_an_int_qos_and_a_bool_echo_only(qos, echo, expected):
+    """The publish decoder's own check of the usual values and its helpers' agree: nil is the
+    default, anything but an int 0-2 or a bool is refused with the helper's error."""
+    frame = {"type": "publish", "topic": "a/b/c", "data": 1, "qos": qos, "echo": echo, "msgRef": "r"}
+    if isinstance(expected[0], str):
+        assert fields(failure(frame)) == expected
+    else:
+        request = decode(pack(frame))
+        assert (request.qos, request.echo) == expected
+
+
+def test_a_publish_to_a_topic_seen_valid_is_still_held_to_the_length_limit():
+    frame = {"type": "publish", "topic": "a/b/cd", "data": 1, "msgRef": 4}
+    assert decode(pack(frame)).topic == "a/b/cd"  # now among the topics seen valid
+    assert fields(failure(frame, Limits(max_topic_length=5))) == (
+        "invalid_topic", None, "'topic' is 6 characters; at most 5", "a/b/cd", 4)
+    assert fields(failure({**frame, "topic": "a/b/"})) == ("invalid_topic", None, SLUG, "a/b/", 4)
+
+
 def test_publish_msg_ref_must_be_a_scalar():
     assert fields(failure({"type": "publish", "topic": "a/b/c", "msgRef": [1]})) == (
         "invalid_message", None, "'msgRef' must be a scalar (string or number)", "a/b/c", None)
@@ -339,6 +369,23 @@ def test_message_equals_packb_of_the_dict_for_any_data(data, topic, msg_id, requ
     if is_replay:
         expected["isReplay"] = True
     assert codec.message(topic, data, msg_id, requires_ack, is_replay) == pack(expected)
+
+
+rows = st.tuples(st.binary(max_size=300).map(pack), st.none() | st.text(max_size=40),
+                  st.none() | st.text(min_size=1, max_size=20),
+                  st.none() | st.integers(min_value=0, max_value=2**64 - 1) | st.floats(allow_nan=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.lists(rows, max_size=12), st.booleans())
+def test_a_run_of_messages_is_built_as_each_one_alone(topic, items, requires_ack):
+    """``message_run``: each frame is the bytes ``message_packed`` makes of its row, whatever
+    each row carries (an id or not, a filter or not, a stamp of any size or none), and the ids
+    come packed in order, as a batchAck carries them."""
+    frames, ids = codec.message_run(topic, items, requires_ack)
+    assert frames == [codec.message_packed(topic, data, msg_id, requires_ack, False, filter_, None, stamp)
+                      for data, msg_id, filter_, stamp in items]
+    assert ids == [pack(msg_id) for _, msg_id, _, _ in items if msg_id is not None]
 
 
 def test_auth_replies():

@@ -8,7 +8,7 @@ from __future__ import annotations
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from gateways.server import Connection, frame_header
+from gateways.server import Connection, frame_header, joined_frames
 
 
 class Transport:
@@ -88,3 +88,13 @@ def test_joined_frames_are_corked_as_one_piece_only_where_each_frame_would_be_ta
     connection.ws.state = State.CLOSING
     assert not connection.takes_frames()
     assert not open_connection(compressed=True).takes_frames()
+
+
+def test_joined_frames_give_each_payload_its_own_header_across_the_length_encodings():
+    """Payloads of one size in a row share a header; a change of size (within one length encoding
+    or across the 7-bit, 16-bit and 64-bit ones) gets its own."""
+    sizes = [0, 0, 125, 125, 126, 126, 125, 65535, 65535, 65536, 65536, 126, 3]
+    payloads = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
+    assert joined_frames(0x2, payloads) == b"".join(frame_header(0x2, len(p)) + p for p in payloads)
+    assert joined_frames(0x1, payloads[:3]) == b"\x81\x00\x81\x00\x81\x7d" + payloads[2]
+    assert joined_frames(0x2, []) == b""
