@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from gateways.nolag.codec import joined_ids, packed_ids
+from gateways.nolag.codec import packed_ids
 
 SEEN_CAP = 10_000  # QoS 2 ids remembered per connection
 # Runs a window holds at most: one more first moves theirs into ``unacked`` (a lookup of an id
@@ -63,16 +63,15 @@ class Run:
     entries (each entry ``attempts`` 1, one ``due``), never changed once made and shared by the
     windows of every recipient (:meth:`QosWindow.add_run`)."""
 
-    __slots__ = ("ids", "entries", "due", "_index", "_packed", "_pieces")
+    __slots__ = ("ids", "entries", "due", "_index", "_packed")
 
     def __init__(self, ids: tuple[str, ...], entries: tuple[Unacked, ...], due: float,
-                 pieces: list[bytes] | None = None) -> None:
-        """``pieces``: the ids already packed one by one, as :func:`packed_ids` packs them (the
-        frames' builder packed them), for :meth:`packed` to join instead of packing them again."""
+                 packed: tuple[bytes, int] | None = None) -> None:
+        """``packed``: the ids already packed and joined, and the size of each, as
+        :func:`packed_ids` gives them (the frames' builder packed them), for :meth:`packed`."""
         self.ids, self.entries, self.due = ids, entries, due
         self._index: dict[str, int] | None = None
-        self._packed: tuple[memoryview, int] | None = None
-        self._pieces = pieces
+        self._packed: tuple[memoryview, int] | None = None if packed is None else (memoryview(packed[0]), packed[1])
 
     def position(self, msg_id: str) -> int:
         """Where ``msg_id`` is among the ids, -1 if it is not one of them."""
@@ -87,10 +86,8 @@ class Run:
         are not all one size (then there is no such reading)."""
         packed = self._packed
         if packed is None:
-            pieces = self._pieces
-            joined, width = packed_ids(self.ids) if pieces is None else joined_ids(pieces)
+            joined, width = packed_ids(self.ids)
             packed = self._packed = (memoryview(joined), width)
-            self._pieces = None
         return packed
 
 

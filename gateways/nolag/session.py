@@ -964,8 +964,8 @@ class NolagSession(DialectSession):
                     if not fine:
                         return False
             subs.append(sub)
-        # The frames as message_packed builds them one by one (at QoS 0 no payload has an id),
-        # with the ids packed for the run's batchAck comparison (QosWindow.acked_packed)
+        # The frames as message_packed builds them one by one, with the ids packed (at QoS 1 one a
+        # message, in order) for the run's batchAck comparison (QosWindow.acked_packed)
         frames, packed_ids = codec.message_run(topic, [(payload[1], payload[2], payload[4], payload[5])
                                                        for payload in payloads], acked)
         joined = joined_frames(_BINARY, frames)
@@ -974,7 +974,8 @@ class NolagSession(DialectSession):
             due = time.monotonic() + self.qos.ack_timeout_s  # one clock read for the run (each message read its own)
             # One run, shared by every window (as the live loop shares an entry).
             run = Run(tuple(ids), tuple(Unacked(frame, payload[5], 1, due, 1, topic)
-                                        for payload, frame in zip(payloads, frames)), due, packed_ids)
+                                        for payload, frame in zip(payloads, frames)), due,
+                      codec.joined_ids(packed_ids))
         for sub in subs:
             sub.wire.cork_frames(joined)
             if last_ms > sub.position:

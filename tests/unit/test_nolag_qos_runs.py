@@ -207,19 +207,19 @@ def test_a_packed_batch_ack_is_read_only_once_the_connection_acks_and_for_runs_o
 
 
 def test_a_run_given_its_ids_packed_reads_acks_as_one_that_packs_them():
-    """A run made with its ids already packed (the frames' builder packs them) joins those for
-    its batchAck comparison: the same bytes and size as packing the ids; ids of several sizes have
-    no such reading either way."""
+    """A run made with its ids already packed (the frames' builder packs them) compares acks with
+    those: the same bytes and size as packing the ids; ids of several sizes have no such reading
+    either way."""
     ids = ["a" * 36, "b" * 36, "c" * 36]
-    given_packed = Run(tuple(ids), (), 5.0, [msgpack.packb(i) for i in ids])
+    given_packed = Run(tuple(ids), (), 5.0, codec.joined_ids([msgpack.packb(i) for i in ids]))
     assert given_packed.packed() == Run(tuple(ids), (), 5.0).packed()
     assert bytes(given_packed.packed()[0]) == b"".join(msgpack.packb(i) for i in ids)
     assert given_packed.packed()[1] == 38  # str 8: a type byte, a length byte, 36 bytes
     mixed = ["a", "b" * 40]
-    assert Run(tuple(mixed), (), 5.0, [msgpack.packb(i) for i in mixed]).packed()[1] == 0
+    assert Run(tuple(mixed), (), 5.0, codec.joined_ids([msgpack.packb(i) for i in mixed])).packed()[1] == 0
     qos = window()
     qos.add_run(Run(tuple(ids), tuple(Unacked(b"f", n, 1, 5.0, 1, T) for n in range(3)), 5.0,
-                    [msgpack.packb(i) for i in ids]))
+                    codec.joined_ids([msgpack.packb(i) for i in ids])))
     assert packed_ack(qos, batch_ack(ids[:2])) and qos.size() == 1
     assert packed_ack(qos, batch_ack(ids[2:])) and qos.size() == 0
 
