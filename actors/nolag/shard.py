@@ -39,6 +39,9 @@ STAMPS_KEPT_MS = 5_000
 # For this long after a (re)start a topic shard remembers which connection each logged message
 # excluded (echo: false): a subscription re-announced meanwhile is caught up without its own messages.
 CATCH_UP_WINDOW_MS = 60_000
+# ... and of those, a topic's first ``nolag.max_replay`` (what one catch-up from the start delivers
+# at most) and this many in all: a publisher's stream in that minute is not kept whole in memory.
+EXCLUDED_MAX = 100_000
 STAMPS_PRUNED_EVERY_MS = 1_000
 MAX_SEEN = 10_000  # QoS 2 ids kept per actor (those at or below the topic's floor go first)
 # Logged messages kept in memory while the message log cannot store them (retried every batch);
@@ -64,6 +67,7 @@ class NolagTopics(Component):
         self._started_ms = self.now  # this incarnation's first stamp is no earlier
         self._groups_caught_up: set[tuple[str, str]] = set()  # (topic key, group) re-announced here
         self._excluded: dict[str, Location] | None = {}  # msg id -> its sender (echo: false), for a while
+        self._excluded_in: dict[str, int] = {}  # topic key -> how many of its messages _excluded holds
 
     def operations(self) -> dict[str, Handler]:
         return {
@@ -144,11 +148,22 @@ class NolagTopics(Component):
         if msg_id is not None:
             self._log_pending.append(LogRecord(key, msg_id, ts_ms, packed, qos, filter_))
             if exclude is not None and self._excluded is not None:
-                self._excluded[msg_id] = (gateway_id, exclude)
+                self._exclude(key, msg_id, (gateway_id, exclude))
         routes, count = self._routes(key, filter_, gateway_id, exclude)
         if count:
             self.emit(routes, message(topic, packed, msg_id, qos, filter_, ts_ms, sender, meta), DELIVER_EVENT)
         return count
+
+    def _exclude(self, key: str, msg_id: str, sender: Location) -> None:
+        """Remember that ``msg_id`` (of topic ``key``) is not for its sender's connection, for a
+        catch-up (:meth:`_catch_up`): up to the topic's first ``max_replay`` and ``EXCLUDED_MAX`` in
+        all. A catch-up starts at this incarnation's start (or at a later position, then it can
+        reach past what was kept: the sender's own message is then caught up to it too)."""
+        held = self._excluded_in.get(key, 0)
+        if held >= self.settings.nolag.max_replay or len(self._excluded) >= EXCLUDED_MAX:
+            return
+        self._excluded_in[key] = held + 1
+        self._excluded[msg_id] = sender
 
     def _routes(self, key: str, filter_: str | None, gateway_id: str, exclude: int | None) -> tuple[dict, int]:
         """Who gets a publish, as fan-out routes, and how many. An unfiltered publish to a topic
@@ -275,6 +290,7 @@ class NolagTopics(Component):
         now = self.now
         if self._excluded is not None and now > self._started_ms + CATCH_UP_WINDOW_MS:
             self._excluded = None
+            self._excluded_in = {}
         if not self._stamps_pruned_at <= now < self._stamps_pruned_at + STAMPS_PRUNED_EVERY_MS:
             self._stamps_pruned_at = now  # also when the clock stepped back
             horizon = now - STAMPS_KEPT_MS

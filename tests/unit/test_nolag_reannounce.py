@@ -15,6 +15,7 @@ import pytest
 
 from actors.nolag import contract as nolag
 from actors.nolag.contract import LobbyChange, LobbySpec, PresenceChange, room_key, topic_key
+from actors.nolag import shard as shard_module
 from actors.nolag.shard import NolagTopics
 from actors.shard import Shard
 from router import contract
@@ -79,6 +80,34 @@ def test_a_reannounced_subscription_gets_what_this_incarnation_logged_after_its_
     assert messages(bundle) == [([7], b"b", "m3")]  # filters apply
     _, bundle = new.handle("g", [nolag.subscribe(KEY, 2, "actor_t", (), 1, None)])
     assert bundle is None  # a fresh subscribe (not a re-announce) gets nothing from the log
+
+
+def test_a_senders_own_messages_are_remembered_within_bounds_and_still_left_out(tmp_path, clock, monkeypatch):
+    """The ids a catch-up leaves out for their sender (``echo: false``) are kept for a topic's first
+    ``max_replay`` messages (all one catch-up from the start can deliver) and ``EXCLUDED_MAX`` in
+    all, not for every message of the catch-up window: the catch-up is the same."""
+    monkeypatch.setattr(shard_module, "EXCLUDED_MAX", 5, raising=False)  # (raising: the code before had none)
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False}, shards={"topic": 1},
+                             nolag={"max_replay": 3})
+    old = Shard(TOPIC, 0, settings, (NolagTopics,))
+    old.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None), nolag.subscribe(KEY, 2, "actor_o", (), 1, None)])
+    _, bundle = old.handle("g", [publish(b"old", "m0")])
+    position = deliveries(bundle)[0][1][5]
+    clock.ms += 2000
+    new = Shard(TOPIC, 0, settings, (NolagTopics,))
+    topics = new.component(NolagTopics)
+    other = topic_key("p", "app/room/u")
+    new.handle("g", [publish(f"own{n}".encode(), f"m{n}", exclude=1) for n in range(1, 7)])
+    assert list(topics._excluded) == ["m1", "m2", "m3"]  # the topic's first max_replay
+    new.handle("g", [nolag.publish(other, "app/room/u", b"u", 1, None, 1, f"u{n}", "actor_p") for n in range(4)])
+    assert list(topics._excluded) == ["m1", "m2", "m3", "u0", "u1"]  # EXCLUDED_MAX in all
+    _, bundle = new.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None, position)])
+    assert messages(bundle) == []  # the first three after the start are its own
+    _, bundle = new.handle("g", [nolag.subscribe(KEY, 2, "actor_o", (), 1, None, position)])
+    assert messages(bundle) == [([2], b"own1", "m1"), ([2], b"own2", "m2"), ([2], b"own3", "m3")]
+    clock.ms += shard_module.CATCH_UP_WINDOW_MS + 1
+    new.handle("g", [publish(b"late", "m9", exclude=1)])
+    assert topics._excluded is None and topics._excluded_in == {}  # the window is over
 
 
 def test_the_same_batch_and_a_later_position_are_respected(tmp_path, clock):
