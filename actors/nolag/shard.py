@@ -40,8 +40,10 @@ STAMPS_KEPT_MS = 5_000
 # excluded (echo: false): a subscription re-announced meanwhile is caught up without its own messages.
 CATCH_UP_WINDOW_MS = 60_000
 # ... and of those, a topic's first ``nolag.max_replay`` (what one catch-up from the start delivers
-# at most) and this many in all: a publisher's stream in that minute is not kept whole in memory.
+# at most; all of them for a topic kept less than that minute, whose first ones a prune may take)
+# and this many in all: a publisher's stream in that minute is not kept whole in memory.
 EXCLUDED_MAX = 100_000
+_UNCAPPED = -1  # in _excluded_in: a topic whose exclusions are not capped at max_replay
 STAMPS_PRUNED_EVERY_MS = 1_000
 MAX_SEEN = 10_000  # QoS 2 ids kept per actor (those at or below the topic's floor go first)
 # Logged messages kept in memory while the message log cannot store them (retried every batch);
@@ -156,13 +158,18 @@ class NolagTopics(Component):
 
     def _exclude(self, key: str, msg_id: str, sender: Location) -> None:
         """Remember that ``msg_id`` (of topic ``key``) is not for its sender's connection, for a
-        catch-up (:meth:`_catch_up`): up to the topic's first ``max_replay`` and ``EXCLUDED_MAX`` in
-        all. A catch-up starts at this incarnation's start (or at a later position, then it can
-        reach past what was kept: the sender's own message is then caught up to it too)."""
-        held = self._excluded_in.get(key, 0)
+        catch-up (:meth:`_catch_up`): up to the topic's first ``max_replay`` (a catch-up from this
+        incarnation's start reads no further) and ``EXCLUDED_MAX`` in all. A topic whose messages
+        are kept less than the catch-up window is not capped at ``max_replay``: a prune may take
+        its first ones, and a catch-up then reads later ones. A catch-up from a position within
+        this incarnation's own stamps can reach past what was kept: the sender's own message is
+        then caught up to it too."""
+        held = self._excluded_in.get(key)
+        if held is None:
+            held = 0 if self._retention_ms(key) >= CATCH_UP_WINDOW_MS else _UNCAPPED
         if held >= self.settings.nolag.max_replay or len(self._excluded) >= EXCLUDED_MAX:
             return
-        self._excluded_in[key] = held + 1
+        self._excluded_in[key] = held if held == _UNCAPPED else held + 1
         self._excluded[msg_id] = sender
 
     def _routes(self, key: str, filter_: str | None, gateway_id: str, exclude: int | None) -> tuple[dict, int]:

@@ -110,6 +110,29 @@ def test_a_senders_own_messages_are_remembered_within_bounds_and_still_left_out(
     assert topics._excluded is None and topics._excluded_in == {}  # the window is over
 
 
+def test_a_topic_kept_less_than_the_window_keeps_every_exclusion_a_prune_could_make_needed(tmp_path, clock):
+    """A topic whose messages are kept 5 s: its first messages after the start may be pruned before
+    a re-announce, and the catch-up then reads later ones; their exclusions are kept too (a
+    topic's first ``max_replay`` would not be enough), so the sender gets none of its own."""
+    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False}, shards={"topic": 1},
+                             nolag={"max_replay": 3, "log_retention": {"app/#": 5}})
+    old = Shard(TOPIC, 0, settings, (NolagTopics,))
+    old.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None), nolag.subscribe(KEY, 2, "actor_o", (), 1, None)])
+    _, bundle = old.handle("g", [publish(b"old", "m0")])
+    position = deliveries(bundle)[0][1][5]
+    clock.ms += 2000
+    new = Shard(TOPIC, 0, settings, (NolagTopics,))
+    new.handle("g", [publish(f"own{n}".encode(), f"m{n}", exclude=1) for n in range(1, 4)])
+    clock.ms += 10_000
+    new.handle("g", [publish(f"own{n}".encode(), f"m{n}", exclude=1) for n in range(4, 7)])
+    assert list(new.component(NolagTopics)._excluded) == [f"m{n}" for n in range(1, 7)]
+    Shard(TOPIC, 0, settings, (NolagTopics,)).handle("g", [])  # another topic shard on the log prunes m1-m3
+    _, bundle = new.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None, position)])
+    assert messages(bundle) == []
+    _, bundle = new.handle("g", [nolag.subscribe(KEY, 2, "actor_o", (), 1, None, position)])
+    assert messages(bundle) == [([2], b"own4", "m4"), ([2], b"own5", "m5"), ([2], b"own6", "m6")]
+
+
 def test_the_same_batch_and_a_later_position_are_respected(tmp_path, clock):
     shard = build(tmp_path)
     _, bundle = shard.handle("g", [publish(b"x", "m1"), publish(b"y", "m2"), nolag.subscribe(KEY, 1, "a", (), 1, None,
