@@ -82,19 +82,25 @@ def test_a_reannounced_subscription_gets_what_this_incarnation_logged_after_its_
     assert bundle is None  # a fresh subscribe (not a re-announce) gets nothing from the log
 
 
-def test_a_senders_own_messages_are_remembered_within_bounds_and_still_left_out(tmp_path, clock, monkeypatch):
-    """The ids a catch-up leaves out for their sender (``echo: false``) are kept for a topic's first
-    ``max_replay`` messages (all one catch-up from the start can deliver) and ``EXCLUDED_MAX`` in
-    all, not for every message of the catch-up window: the catch-up is the same."""
-    monkeypatch.setattr(shard_module, "EXCLUDED_MAX", 5, raising=False)  # (raising: the code before had none)
+def restarted_with_two_subscribers(tmp_path, clock, nolag_settings: dict) -> tuple:
+    """Settings, a topic shard restarted 2 s after connections 1 and 2 subscribed to the topic on
+    its previous incarnation, and the position both got there (one message)."""
     settings = load_settings(data_dir=tmp_path, metrics={"enabled": False}, shards={"topic": 1},
-                             nolag={"max_replay": 3})
+                             nolag=nolag_settings)
     old = Shard(TOPIC, 0, settings, (NolagTopics,))
     old.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None), nolag.subscribe(KEY, 2, "actor_o", (), 1, None)])
     _, bundle = old.handle("g", [publish(b"old", "m0")])
     position = deliveries(bundle)[0][1][5]
     clock.ms += 2000
-    new = Shard(TOPIC, 0, settings, (NolagTopics,))
+    return settings, Shard(TOPIC, 0, settings, (NolagTopics,)), position
+
+
+def test_a_senders_own_messages_are_remembered_within_bounds_and_still_left_out(tmp_path, clock, monkeypatch):
+    """The ids a catch-up leaves out for their sender (``echo: false``) are kept for a topic's first
+    ``max_replay`` messages (all one catch-up from the start can deliver) and ``EXCLUDED_MAX`` in
+    all, not for every message of the catch-up window: the catch-up is the same."""
+    monkeypatch.setattr(shard_module, "EXCLUDED_MAX", 5, raising=False)  # (raising: the code before had none)
+    _, new, position = restarted_with_two_subscribers(tmp_path, clock, {"max_replay": 3})
     topics = new.component(NolagTopics)
     other = topic_key("p", "app/room/u")
     new.handle("g", [publish(f"own{n}".encode(), f"m{n}", exclude=1) for n in range(1, 7)])
@@ -114,14 +120,8 @@ def test_a_topic_kept_less_than_the_window_keeps_every_exclusion_a_prune_could_m
     """A topic whose messages are kept 5 s: its first messages after the start may be pruned before
     a re-announce, and the catch-up then reads later ones; their exclusions are kept too (a
     topic's first ``max_replay`` would not be enough), so the sender gets none of its own."""
-    settings = load_settings(data_dir=tmp_path, metrics={"enabled": False}, shards={"topic": 1},
-                             nolag={"max_replay": 3, "log_retention": {"app/#": 5}})
-    old = Shard(TOPIC, 0, settings, (NolagTopics,))
-    old.handle("g", [nolag.subscribe(KEY, 1, "actor_s", (), 1, None), nolag.subscribe(KEY, 2, "actor_o", (), 1, None)])
-    _, bundle = old.handle("g", [publish(b"old", "m0")])
-    position = deliveries(bundle)[0][1][5]
-    clock.ms += 2000
-    new = Shard(TOPIC, 0, settings, (NolagTopics,))
+    settings, new, position = restarted_with_two_subscribers(tmp_path, clock,
+                                                             {"max_replay": 3, "log_retention": {"app/#": 5}})
     new.handle("g", [publish(f"own{n}".encode(), f"m{n}", exclude=1) for n in range(1, 4)])
     clock.ms += 10_000
     new.handle("g", [publish(f"own{n}".encode(), f"m{n}", exclude=1) for n in range(4, 7)])
