@@ -432,8 +432,7 @@ class NolagSession(DialectSession):
             request = codec.decode(data, self.dialect.limits)
             kind = type(request).__name__
             meta = contract.retag(meta, kind, getattr(request, "topic", None))
-            if (self.key is not None and reserved is None
-                    and (kind == "Publish" or not self._answers_outstanding(request))
+            if (self.key is not None and reserved is None and not self._answers_outstanding(request)
                     and self.bucket.take(time.monotonic())):
                 raise codec.nolag_error("rate_limit_exceeded", f"more than {self.bucket.rate:g} messages per second",
                                         getattr(request, "topic", None), getattr(request, "msg_ref", None))
@@ -450,8 +449,6 @@ class NolagSession(DialectSession):
                 self._auth(request)
             elif self.key is None:
                 raise NolagError("not_authenticated", None, "send auth first")
-            elif kind == "Publish":  # _handle's first case, without its call
-                self._publish(request, meta)
             else:
                 self._handle(request, meta)
         except NolagError as failure:
