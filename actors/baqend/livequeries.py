@@ -180,9 +180,18 @@ class _Bucket:
                 del self.fields[term[0]]
 
     def candidates(self, before: Any, after: Any) -> Any:
-        """The queries a write can concern: a query indexed by ``f = v`` only if before or after has it."""
+        """The queries a write can concern: a query indexed by ``f = v`` only if before or after has it.
+        May be a view of the index (no copy): no query is added or removed while it is iterated."""
         if not self.fields:
             return self.scan.values()
+        if before is None and not self.scan and len(self.fields) == 1:
+            # An insert, every query indexed by one field: the holders of the document's value as
+            # they are. (Its value a list, or a type the index skips: below.)
+            for name in self.fields:
+                value = after.get(name)
+                if type(value) in (int, float, str):
+                    holders = self.equal.get((name, value))
+                    return holders.values() if holders else ()
         found = dict(self.scan)
         equal = self.equal
         for name in self.fields:

@@ -437,6 +437,27 @@ def test_equality_index_finds_array_elements_and_skips_unrelated_writes():
     assert "Todo" not in table.by_bucket
 
 
+def test_an_insert_into_a_bucket_of_queries_indexed_by_one_field_finds_array_elements_too():
+    """Every query of the bucket indexed by one field, no scanned one: an insert is looked up by
+    its value at that field, an array by each element."""
+    table = QueryTable()
+    table.add("a", ROUTE, "s", QuerySpec("Todo", {"tags": "a"}))
+    table.add("a2", ROUTE, "t", QuerySpec("Todo", {"tags": "a", "n": {"$gt": 0}}))
+    table.add("b", ROUTE, "u", QuerySpec("Todo", {"tags": "b"}))
+    for key in ("a", "a2", "b"):
+        table.load(key, [])
+    assert table.by_bucket["Todo"].fields == {"tags": 3} and not table.by_bucket["Todo"].scan
+
+    def keys(doc):
+        return sorted(key for _, (_, key, *_) in table.apply(0, "e", [("Todo", None, doc, "insert", 1, None)]))
+
+    assert keys({"id": "/db/Todo/d1", "version": 1, "tags": "a", "n": 1}) == ["a", "a2"]
+    assert keys({"id": "/db/Todo/d2", "version": 1, "tags": ["c", "a"], "n": 0}) == ["a"]
+    assert keys({"id": "/db/Todo/d3", "version": 1, "tags": ["b", "a"], "n": 1}) == ["a", "a2", "b"]
+    assert keys({"id": "/db/Todo/d4", "version": 1, "tags": "c"}) == []
+    assert keys({"id": "/db/Todo/d5", "version": 1}) == []
+
+
 def test_a_held_document_the_subscriber_may_no_longer_read_leaves_as_updated_not_deleted():
     source = Source()
     source.write("insert", "a", n=1, on=True)
