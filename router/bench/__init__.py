@@ -25,7 +25,8 @@ from typing import Any
 
 from router.bench import dialects as bench_dialects
 from router.bench import targets
-from router.bench.report import add_ratios, document, format_table, markdown_table, plot, write_json
+from router.bench.report import (add_ratios, document, format_summaries, format_table, markdown_summaries,
+                                 markdown_table, plot, write_json)
 from router.bench.scenarios import PLANS, SCENARIOS, Case, Options, run_system, scalar
 from router.bench.systems import ClusterRouterSystem, RawSystem, RedisSystem, RouterSystem, System, Unavailable
 
@@ -281,12 +282,18 @@ def run(args: argparse.Namespace) -> int:
     add_ratios(rows)
     print()
     print(format_table(rows))
+    summaries = [each for name in _dialects(args) for each in bench_dialects.profile(name).summaries(rows)]
+    if summaries:
+        print()
+        print(format_summaries(summaries))
     for name, reason in skipped.items():
         print(f"\n{name}: skipped: {reason}")
     suffix = "" if _dialects(args) == ["signal"] else "-" + "-".join(_dialects(args))
     out = Path(args.out or f"benchmarks/results/bench-{args.scenario}{suffix}.json")
     content = document(args.scenario, {**vars(options), "argv": {k: v for k, v in vars(args).items() if k != "func"}},
                        described, rows, skipped)
+    if summaries:
+        content["summaries"] = summaries
     write_json(out, content)  # the table is kept whatever happens in the rounds after it
     round_rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
@@ -299,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nresults written to {out} ({time.monotonic() - started:.0f} s)")
     if args.markdown:
         text = markdown_table(rows) + "\n"
+        if summaries:
+            text += "\n" + markdown_summaries(summaries) + "\n"
         if summary:
             text += ("\nThe ratio targets in alternating rounds (`router bench targets`):\n\n"
                      + targets.markdown_targets(summary) + "\n")

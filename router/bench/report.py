@@ -128,6 +128,21 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _verdict(summary: dict[str, Any]) -> str:
+    return "met" if summary["met"] else "not met"
+
+
+def format_summaries(summaries: list[dict[str, Any]]) -> str:
+    """The dialects' targets decided over several rows (``Profile.summaries``), one line each."""
+    return "\n".join(f"{each['name']}: {each['figure']}: {_verdict(each)}" for each in summaries)
+
+
+def markdown_summaries(summaries: list[dict[str, Any]]) -> str:
+    out = ["| target | measured | |", "|---|---|---|"]
+    out += [f"| {each['name']} | {each['figure']} | {_verdict(each)} |" for each in summaries]
+    return "\n".join(out)
+
+
 def machine() -> dict[str, Any]:
     cpu_model = ""
     try:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUTER = str(Path(sys.executable).with_name("router"))
 
 
-def bench(scenario: str, out: Path, *params: str) -> tuple[list[dict[str, Any]], str]:
+def bench(scenario: str, out: Path, *params: str) -> tuple[dict[str, Any], str]:
     arguments = [ROUTER, "bench", scenario, "--dialect", "baqend", "--systems", "router", "--timeout", "30",
                  "--out", str(out)]
     for param in params:
@@ -25,15 +25,17 @@ def bench(scenario: str, out: Path, *params: str) -> tuple[list[dict[str, Any]],
     result = json.loads(out.read_text())
     assert result["scenario"] == scenario
     assert [system["system"] for system in result["systems"]] == ["router"]
-    return result["results"], completed.stdout
+    return result, completed.stdout
 
 
 def test_queries_counts_every_match_of_every_write_and_what_a_write_costs(tmp_path):
-    rows, stdout = bench("queries", tmp_path / "queries.json",
-                         "baqend.queries=20,40", "baqend.connections=4", "baqend.writes=300", "baqend.inflight=8",
-                         "baqend.rest_connections=4")
+    result, stdout = bench("queries", tmp_path / "queries.json",
+                           "baqend.queries=20,40", "baqend.connections=4", "baqend.writes=300", "baqend.inflight=8",
+                           "baqend.rest_connections=4", "baqend.rounds=2")
+    rows = result["results"]
     assert [(row["case"], row["queries"]) for row in rows] == [
-        ("20 queries x 4 conns, 300 writes", 20), ("40 queries x 4 conns, 300 writes", 40)]
+        ("20 queries x 4 conns, 300 writes, round 1", 20), ("40 queries x 4 conns, 300 writes, round 1", 40),
+        ("40 queries x 4 conns, 300 writes, round 2", 40), ("20 queries x 4 conns, 300 writes, round 2", 20)]
     for row in rows:
         groups = row["queries"] // 10
         # Each write matches 10 queries; the sorted one of its group (limit 10) also sends a
@@ -47,12 +49,22 @@ def test_queries_counts_every_match_of_every_write_and_what_a_write_costs(tmp_pa
         assert set(row["cpu_us_per_write"]) == {"gateway", "session", "topic", "document", "query"}, row
         assert row["shards_cpu_us_per_write"] > 0 and "not received" not in row["notes"], row
     assert "matched writes/s" in stdout
+    # The curve after the table: each point the median of its two rounds.
+    [summary] = result["summaries"]
+    assert summary["name"].startswith("Baqend matching cost flat from 20 to 40 queries")
+    assert [(point["queries"], point["rounds"]) for point in summary["points"]] == [(20, 2), (40, 2)]
+    for point in summary["points"]:
+        measured = [row["cpu_us_per_write"]["query"] for row in rows if row["queries"] == point["queries"]]
+        assert point["rounds_query_us_per_write"] == measured
+        assert point["query_us_per_write"] == sum(measured) / 2
+    assert f"{summary['name']}: {summary['figure']}: {'met' if summary['met'] else 'not met'}" in stdout
 
 
 def test_latency_times_each_write_to_each_of_its_events(tmp_path):
-    rows, _ = bench("latency", tmp_path / "latency.json",
-                    "baqend.rate=200", "baqend.seconds=1", "baqend.latency_queries=30", "baqend.connections=3")
-    [row] = rows
+    result, _ = bench("latency", tmp_path / "latency.json",
+                      "baqend.rate=200", "baqend.seconds=1", "baqend.latency_queries=30", "baqend.connections=3")
+    [row] = result["results"]
+    assert "summaries" not in result  # no curve without the queries scenario
     assert (row["case"], row["metric"], row["compare"]) == ("200 writes/s x 30 queries", "p99_ms",
                                                           "1,000 msg/s x 100 subs")
     # Only the add/insert events are timed: each of the 200 writes reaches its 10 queries once.

@@ -35,6 +35,11 @@ class Profile:
         """The dialect's own scenarios: name → ``plan(options) -> list[Case]``."""
         return {}
 
+    def summaries(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The dialect's targets that a run's rows decide beyond one row's value (e.g. a curve's
+        shape): each ``{"name", "figure", "met", ...}``; printed and kept after the table."""
+        return []
+
     def peers(self, pin: int | None) -> list[Any]:
         """Other servers a user of this dialect would pick instead (``router.bench.systems.System``;
         each ``accepts`` the cases it can run), measured in the same run; ``pin``: their CPU."""

@@ -7,7 +7,7 @@ matches and delivers with many queries live, and whether that holds as queries a
 
 Own scenarios:
 
-- ``queries`` (flooded): Q live queries (one case per Q) over ``connections`` connections on one
+- ``queries`` (flooded): Q live queries (one case per Q and round) over ``connections`` connections on one
   bucket; query *i* is ``{"g": i % groups}`` with ``groups`` = Q / ``matches``, so every write matches
   ``matches`` queries; the first query of each group (one in ``matches``) is sorted by ``n`` with a
   limit of 10. Then a writer process (its own keep-alive HTTP/1.1 connections) inserts ``writes``
@@ -29,7 +29,13 @@ Shared: ``connections`` (no hello) and ``churn`` (a subscribe = a real-time quer
 ``--param`` keys (defaults): ``baqend.queries`` (1000,2000,5000,10000: the curve), ``baqend.connections`` (10),
 ``baqend.matches`` (10), ``baqend.writes`` (20000), ``baqend.inflight`` (128: REST requests in
 flight), ``baqend.rest_connections`` (128: the writer's connections; ``inflight`` is pipelined over
-them), ``baqend.rate`` (1000), ``baqend.seconds`` (10), ``baqend.latency_queries`` (1000).
+them), ``baqend.rate`` (1000), ``baqend.seconds`` (10), ``baqend.latency_queries`` (1000),
+``baqend.rounds`` (3: the curve's rounds, forward and backward in turn).
+
+The curve's target (:func:`curve`, after the table): each point the median of its rounds; the
+matching is flat when the query shards' µs a write at the most queries is within +10 % of that at
+the fewest. One run of each point moves by about a tenth from one to the next on a 2-CPU VM, as
+much as the target's margin, so a point is never judged on one run.
 Shards: 2 document and 2 query shards (the default count; ``ROUTER_SHARDS__DOCUMENT`` and
 ``ROUTER_SHARDS__QUERY`` change them), 1 session and 1 topic shard; the other dialects are off.
 """
@@ -40,6 +46,7 @@ import asyncio
 import gc
 import itertools
 import json
+import statistics
 import time
 from typing import Any
 
@@ -83,6 +90,9 @@ class BaqendProfile(Profile):
 
     def plans(self) -> dict[str, Any]:
         return {"queries": queries_cases, "latency": latency_cases}
+
+    def summaries(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return curve(rows)
 
 
 register(BaqendProfile())
@@ -151,6 +161,7 @@ def _params(options: Options) -> dict[str, Any]:
         "rate": options.param("baqend.rate", 1000.0, float),
         "seconds": options.param("baqend.seconds", 10.0, float),
         "latency_queries": options.param("baqend.latency_queries", 1000),
+        "rounds": max(1, options.param("baqend.rounds", 3)),
     }
 
 
@@ -201,11 +212,21 @@ def _shortfall(received: int, expected: int, writer: dict[str, Any], idle_s: flo
     return notes
 
 
+def curve_order(queries: list[int], rounds: int) -> list[tuple[int, int, int]]:
+    """(round, position in the curve, queries) of every case: the curve forward in odd rounds and
+    backward in even ones, so a drift of the machine over the run weighs on both ends alike."""
+    order = []
+    for round_ in range(1, rounds + 1):
+        points = list(enumerate(queries))
+        order += [(round_, position, each) for position, each in (points if round_ % 2 else points[::-1])]
+    return order
+
+
 def queries_cases(options: Options) -> list[Case]:
     params = _params(options)
-    writes = params["writes"]
+    writes, rounds = params["writes"], params["rounds"]
     cases = []
-    for position, queries in enumerate(params["queries"]):
+    for round_, position, queries in curve_order(params["queries"], rounds):
         layout = Layout(f"Queries{queries}_{position}", queries, params["connections"], params["matches"])
 
         def jobs(system: Any, layout: Layout = layout) -> list[tuple[str, dict[str, Any]]]:
@@ -241,8 +262,49 @@ def queries_cases(options: Options) -> list[Case]:
             return row
 
         case = f"{queries:,} queries x {layout.connections} conns, {writes:,} writes"
+        if rounds > 1:
+            case += f", round {round_}"
         cases.append(Case("queries", case, "matched writes/s", jobs, summarise))
     return cases
+
+
+FLAT_MAX = 1.10  # flat: the matching's µs a write at the most queries within +10 % of that at the fewest
+
+
+def curve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``queries`` scenario's curve, each point the median of its rounds' rows (one system's:
+    the router's): the query shards' µs a write (the matching), the gateway's, matched writes/s;
+    and whether the matching is flat from the fewest queries to the most (:data:`FLAT_MAX`).
+    Empty without two numbers of queries measured with their CPU."""
+    by_queries: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        if (row["scenario"] == "queries" and row.get("dialect") == "baqend" and row["system"] == "router"
+                and row.get("value") is not None and row.get("cpu_us_per_write")):
+            by_queries.setdefault(row["queries"], []).append(row)
+    if len(by_queries) < 2:
+        return []
+    points = []
+    for queries in sorted(by_queries):
+        measured = by_queries[queries]
+        points.append({
+            "queries": queries, "rounds": len(measured),
+            "query_us_per_write": statistics.median(row["cpu_us_per_write"]["query"] for row in measured),
+            "rounds_query_us_per_write": [row["cpu_us_per_write"]["query"] for row in measured],
+            "gateway_us_per_write": statistics.median(row["cpu_us_per_write"]["gateway"] for row in measured),
+            "matched_writes_per_s": statistics.median(row["value"] for row in measured),
+        })
+    first, last = points[0], points[-1]
+    growth = last["query_us_per_write"] / first["query_us_per_write"] if first["query_us_per_write"] else None
+    throughput = last["matched_writes_per_s"] / first["matched_writes_per_s"]
+    counts = " / ".join(f"{point['queries']:,}" for point in points)
+    figure = (" / ".join(f"{point['query_us_per_write']:g}" for point in points) + f" µs a write at {counts} queries"
+              + (f" ({(growth - 1) * 100:+.0f} %)" if growth is not None else "")
+              + f", matched writes/s at {last['queries']:,} {throughput * 100:.0f} % of those at {first['queries']:,}"
+              + f" (medians of {min(point['rounds'] for point in points)} rounds)")
+    return [{"name": f"Baqend matching cost flat from {first['queries']:,} to {last['queries']:,} queries "
+                     f"(query shards' µs a write within +{(FLAT_MAX - 1) * 100:.0f} %)",
+             "figure": figure, "met": growth is not None and growth <= FLAT_MAX, "growth": growth,
+             "throughput": throughput, "points": points}]
 
 
 def latency_cases(options: Options) -> list[Case]:
