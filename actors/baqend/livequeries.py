@@ -184,7 +184,7 @@ class _Bucket:
         May be a view of the index (no copy): no query is added or removed while it is iterated."""
         if not self.fields:
             return self.scan.values()
-        if before is None and not self.scan and len(self.fields) == 1:
+        if before is None and after is not None and not self.scan and len(self.fields) == 1:
             # An insert, every query indexed by one field: the holders of the document's value as
             # they are. (Its value a list, or a type the index skips: below.)
             for name in self.fields:

@@ -52,10 +52,10 @@ def test_queries_counts_every_match_of_every_write_and_what_a_write_costs(tmp_pa
     # The curve after the table: each point the median of its two rounds.
     [summary] = result["summaries"]
     assert summary["name"].startswith("Baqend matching cost flat from 20 to 40 queries")
-    assert [(point["queries"], point["rounds"]) for point in summary["points"]] == [(20, 2), (40, 2)]
+    assert [(point["queries"], point["runs"]) for point in summary["points"]] == [(20, 2), (40, 2)]
     for point in summary["points"]:
         measured = [row["cpu_us_per_write"]["query"] for row in rows if row["queries"] == point["queries"]]
-        assert point["rounds_query_us_per_write"] == measured
+        assert point["runs_query_us_per_write"] == measured
         assert point["query_us_per_write"] == sum(measured) / 2
     assert f"{summary['name']}: {summary['figure']}: {'met' if summary['met'] else 'not met'}" in stdout
 

@@ -32,10 +32,11 @@ flight), ``baqend.rest_connections`` (128: the writer's connections; ``inflight`
 them), ``baqend.rate`` (1000), ``baqend.seconds`` (10), ``baqend.latency_queries`` (1000),
 ``baqend.rounds`` (3: the curve's rounds, forward and backward in turn).
 
-The curve's target (:func:`curve`, after the table): each point the median of its rounds; the
-matching is flat when the query shards' µs a write at the most queries is within +10 % of that at
-the fewest. One run of each point moves by about a tenth from one to the next on a 2-CPU VM, as
-much as the target's margin, so a point is never judged on one run.
+The curve's target (:func:`curve`, after the table): each point the median of its runs (its
+rounds, and any ``--repeat``); the matching is flat when the query shards' µs a write at the most
+queries is within +10 % of that at the fewest. One run of a point moves by about a tenth from one
+to the next on a 2-CPU VM, as much as the target's margin: hence three rounds by default (with
+``baqend.rounds=1`` the figure says it was judged on one run each).
 Shards: 2 document and 2 query shards (the default count; ``ROUTER_SHARDS__DOCUMENT`` and
 ``ROUTER_SHARDS__QUERY`` change them), 1 session and 1 topic shard; the other dialects are off.
 """
@@ -57,7 +58,7 @@ from actors.baqend.documents import reader
 from actors.baqend.livequeries import QuerySpec, QueryTable
 from router.bench import loadgen
 from router.bench.dialects import Profile, register
-from router.bench.scenarios import Case, Options, latency_row, split, url_of
+from router.bench.scenarios import Case, Options, latency_row, scalar, split, url_of
 from router.bench.wire import COUNT, HANDLE, WsClient, stamp
 
 SORTED_LIMIT = 10  # the window of the sorted queries
@@ -161,7 +162,7 @@ def _params(options: Options) -> dict[str, Any]:
         "rate": options.param("baqend.rate", 1000.0, float),
         "seconds": options.param("baqend.seconds", 10.0, float),
         "latency_queries": options.param("baqend.latency_queries", 1000),
-        "rounds": max(1, options.param("baqend.rounds", 3)),
+        "rounds": scalar(options, "baqend.rounds", 3),
     }
 
 
@@ -272,39 +273,47 @@ FLAT_MAX = 1.10  # flat: the matching's µs a write at the most queries within +
 
 
 def curve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``queries`` scenario's curve, each point the median of its rounds' rows (one system's:
-    the router's): the query shards' µs a write (the matching), the gateway's, matched writes/s;
-    and whether the matching is flat from the fewest queries to the most (:data:`FLAT_MAX`).
-    Empty without two numbers of queries measured with their CPU."""
-    by_queries: dict[int, list[dict[str, Any]]] = {}
+    """The ``queries`` scenario's curve on each router system of the run (``router``, or e.g.
+    ``router g2/s2`` with ``--scale``), each point the median of its runs (its rounds, and any
+    ``--repeat``): the query shards' µs a write (the matching), the gateway's, matched writes/s;
+    and whether the matching is flat from the fewest queries to the most (:data:`FLAT_MAX`). A
+    run that failed (no value, no CPU read) is left out; a system with fewer than two numbers of
+    queries measured has no curve."""
+    by_system: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for row in rows:
-        if (row["scenario"] == "queries" and row.get("dialect") == "baqend" and row["system"] == "router"
-                and row.get("value") is not None and row.get("cpu_us_per_write")):
-            by_queries.setdefault(row["queries"], []).append(row)
-    if len(by_queries) < 2:
-        return []
+        cpu = row.get("cpu_us_per_write") or {}
+        if (row["scenario"] == "queries" and row.get("dialect") == "baqend" and row["system"].startswith("router")
+                and row.get("value") and cpu.get("query") and "gateway" in cpu):
+            by_system.setdefault(row["system"], {}).setdefault(row["queries"], []).append(row)
+    return [_curve(system, by_queries) for system, by_queries in by_system.items() if len(by_queries) >= 2]
+
+
+def _curve(system: str, by_queries: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     points = []
     for queries in sorted(by_queries):
         measured = by_queries[queries]
         points.append({
-            "queries": queries, "rounds": len(measured),
+            "queries": queries, "runs": len(measured),
             "query_us_per_write": statistics.median(row["cpu_us_per_write"]["query"] for row in measured),
-            "rounds_query_us_per_write": [row["cpu_us_per_write"]["query"] for row in measured],
+            "runs_query_us_per_write": [row["cpu_us_per_write"]["query"] for row in measured],
             "gateway_us_per_write": statistics.median(row["cpu_us_per_write"]["gateway"] for row in measured),
             "matched_writes_per_s": statistics.median(row["value"] for row in measured),
         })
     first, last = points[0], points[-1]
-    growth = last["query_us_per_write"] / first["query_us_per_write"] if first["query_us_per_write"] else None
+    growth = last["query_us_per_write"] / first["query_us_per_write"]
     throughput = last["matched_writes_per_s"] / first["matched_writes_per_s"]
     counts = " / ".join(f"{point['queries']:,}" for point in points)
+    fewest, most = min(point["runs"] for point in points), max(point["runs"] for point in points)
+    runs = ("one run each" if most == 1 else f"medians of {most} runs" if fewest == most
+            else f"medians of {fewest} to {most} runs")
     figure = (" / ".join(f"{point['query_us_per_write']:g}" for point in points) + f" µs a write at {counts} queries"
-              + (f" ({(growth - 1) * 100:+.0f} %)" if growth is not None else "")
-              + f", matched writes/s at {last['queries']:,} {throughput * 100:.0f} % of those at {first['queries']:,}"
-              + f" (medians of {min(point['rounds'] for point in points)} rounds)")
-    return [{"name": f"Baqend matching cost flat from {first['queries']:,} to {last['queries']:,} queries "
-                     f"(query shards' µs a write within +{(FLAT_MAX - 1) * 100:.0f} %)",
-             "figure": figure, "met": growth is not None and growth <= FLAT_MAX, "growth": growth,
-             "throughput": throughput, "points": points}]
+              + f" ({(growth - 1) * 100:+.1f} %), matched writes/s at {last['queries']:,} {throughput * 100:.0f} %"
+              + f" of those at {first['queries']:,} ({runs})")
+    on = "" if system == "router" else f" ({system})"
+    return {"name": f"Baqend matching cost flat from {first['queries']:,} to {last['queries']:,} queries{on} "
+                    f"(query shards' µs a write within +{(FLAT_MAX - 1) * 100:.0f} %)",
+            "system": system, "figure": figure, "met": growth <= FLAT_MAX, "growth": growth,
+            "throughput": throughput, "points": points}
 
 
 def latency_cases(options: Options) -> list[Case]:
