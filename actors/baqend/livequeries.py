@@ -119,14 +119,28 @@ class SharedState:
     """One result state for the live queries of one bucket and one :attr:`RealtimeQuery.share_key`
     (the same text, sort, window, filters and reader) that have seen the same writes: a write is
     matched once for all of them and their events are one list. Many clients subscribe to the same
-    few queries; their cost then grows with the distinct queries, not with the subscriptions."""
+    few queries; their cost then grows with the distinct queries, not with the subscriptions.
 
-    __slots__ = ("key", "query", "members")
+    The bucket's index holds the state in its members' place, so a write meets it once: its events
+    go to the members' routes and keys (:meth:`targets`: two lists, made again at the first write
+    after the members changed, so a join or a leave costs O(1) and a write at most the O(members)
+    its events cost anyway), without a look at each member's :class:`LiveQuery`."""
 
-    def __init__(self, key: tuple, query: RealtimeQuery) -> None:
+    __slots__ = ("key", "query", "members", "term", "routes", "keys")
+
+    def __init__(self, key: tuple, query: RealtimeQuery, term: tuple[str, Any] | None) -> None:
         self.key = key
         self.query = query
+        self.term = term  # what the bucket indexes it by: its members' index_term
         self.members: dict[str, LiveQuery] = {}
+        self.routes: list[Route] = []
+        self.keys: list[str] | None = None  # None: made again by targets()
+
+    def targets(self) -> tuple[list[Route], list[str]]:
+        if self.keys is None:
+            self.routes = [live.route for live in self.members.values()]
+            self.keys = list(self.members)
+        return self.routes, self.keys
 
 
 def index_term(query: Any) -> tuple[str, Any] | None:
@@ -146,33 +160,33 @@ def index_term(query: Any) -> tuple[str, Any] | None:
 
 
 class _Bucket:
-    """A bucket's queries: those indexed by an equality term, and those every write is matched against."""
+    """A bucket's queries: those indexed by an equality term, and those every write is matched
+    against. An entry is a :class:`LiveQuery` of its own, or a :class:`SharedState` for all its
+    members (by the state's key)."""
 
     __slots__ = ("scan", "equal", "fields", "size")
 
     def __init__(self) -> None:
-        self.scan: dict[str, LiveQuery] = {}
-        self.equal: dict[tuple[str, Any], dict[str, LiveQuery]] = {}
-        self.fields: dict[str, int] = {}  # indexed field -> queries indexed by it
-        self.size = 0
+        self.scan: dict[Any, LiveQuery | SharedState] = {}
+        self.equal: dict[tuple[str, Any], dict[Any, LiveQuery | SharedState]] = {}
+        self.fields: dict[str, int] = {}  # indexed field -> entries indexed by it
+        self.size = 0  # entries
 
-    def add(self, live: LiveQuery) -> None:
+    def add(self, key: Any, entry: LiveQuery | SharedState, term: tuple[str, Any] | None) -> None:
         self.size += 1
-        term = index_term(live.spec.query)
         if term is None:
-            self.scan[live.key] = live
+            self.scan[key] = entry
             return
-        self.equal.setdefault(term, {})[live.key] = live
+        self.equal.setdefault(term, {})[key] = entry
         self.fields[term[0]] = self.fields.get(term[0], 0) + 1
 
-    def remove(self, live: LiveQuery) -> None:
+    def remove(self, key: Any, term: tuple[str, Any] | None) -> None:
         self.size -= 1
-        term = index_term(live.spec.query)
         if term is None:
-            self.scan.pop(live.key, None)
+            self.scan.pop(key, None)
             return
         holders = self.equal.get(term)
-        if holders is not None and holders.pop(live.key, None) is not None:
+        if holders is not None and holders.pop(key, None) is not None:
             if not holders:
                 del self.equal[term]
             self.fields[term[0]] -= 1
@@ -180,8 +194,8 @@ class _Bucket:
                 del self.fields[term[0]]
 
     def candidates(self, before: Any, after: Any) -> Any:
-        """The queries a write can concern: a query indexed by ``f = v`` only if before or after has it.
-        May be a view of the index (no copy): no query is added or removed while it is iterated."""
+        """The entries a write can concern: one indexed by ``f = v`` only if before or after has it.
+        May be a view of the index (no copy): no entry is added or removed while it is iterated."""
         if not self.fields:
             return self.scan.values()
         if before is None and after is not None and not self.scan and len(self.fields) == 1:
@@ -212,6 +226,7 @@ class QueryTable:
         self.queries: dict[str, LiveQuery] = {}
         self.by_bucket: dict[str, _Bucket] = {}
         self.by_connection: dict[Route, set[str]] = {}
+        self.routes: dict[Route, Route] = {}  # each connection's route, the one object its queries hold
         self.received: dict[int, Stamp] = {}  # source -> last write seen
         self.states: dict[tuple, SharedState] = {}  # (bucket, share key) -> the state its queries share
         self.writes = 0
@@ -229,13 +244,19 @@ class QueryTable:
         the client holds to the fresh result instead of a result."""
         if key in self.queries:
             return False
+        keys = self.by_connection.get(route)
+        if keys is None:
+            keys = self.by_connection[route] = set()
+            self.routes[route] = route
+        else:  # one route object for a connection's queries (a shared state's events refer to it)
+            route = self.routes[route]
+        keys.add(key)
         live = LiveQuery(key, route, sub_id, spec, visible, known=known)
         self.queries[key] = live
         bucket = self.by_bucket.get(spec.bucket)
         if bucket is None:
             bucket = self.by_bucket[spec.bucket] = _Bucket()
-        bucket.add(live)
-        self.by_connection.setdefault(route, set()).add(key)
+        bucket.add(key, live, index_term(spec.query))
         return True
 
     def page(self, key: str, scan: Scan) -> list[Output] | None:
@@ -315,24 +336,29 @@ class QueryTable:
         if query.share_key is None:
             return
         key = (live.spec.bucket, query.share_key)
+        bucket = self.by_bucket[live.spec.bucket]
         state = self.states.get(key)
         if state is None:
-            state = self.states[key] = SharedState(key, query)
+            state = self.states[key] = SharedState(key, query, index_term(live.spec.query))
+            bucket.add(key, state, state.term)
         elif state.query is not query:
             if not query.same_state(state.query):
                 return
             live.query = state.query
+        bucket.remove(live.key, state.term)  # the state answers for it
         state.members[live.key] = live
+        state.keys = None
         live.state = state
 
     def _unshare(self, live: LiveQuery) -> None:
+        """Out of its state (being removed); the state out of the bucket with its last member."""
         state = live.state
-        if state is None:
-            return
         live.state = None
         del state.members[live.key]
+        state.keys = None
         if not state.members:
             del self.states[state.key]
+            self.by_bucket[live.spec.bucket].remove(state.key, state.term)
 
     def _resynced(self, live: LiveQuery, known: Known, images: dict[str, Any]) -> list[Output]:
         """The events that bring the client from what it holds to the loaded result."""
@@ -372,17 +398,18 @@ class QueryTable:
         live = self.queries.pop(key, None)
         if live is None:
             return False
-        self._unshare(live)
-        bucket = self.by_bucket.get(live.spec.bucket)
-        if bucket is not None:
-            bucket.remove(live)
-            if not bucket.size:
-                del self.by_bucket[live.spec.bucket]
-        keys = self.by_connection.get(live.route)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self.by_connection[live.route]
+        bucket = self.by_bucket[live.spec.bucket]
+        if live.state is not None:
+            self._unshare(live)
+        else:
+            bucket.remove(key, index_term(live.spec.query))
+        if not bucket.size:
+            del self.by_bucket[live.spec.bucket]
+        keys = self.by_connection[live.route]
+        keys.discard(key)
+        if not keys:
+            del self.by_connection[live.route]
+            del self.routes[live.route]
         return True
 
     def purge_connection(self, route: Route) -> int:
@@ -412,31 +439,32 @@ class QueryTable:
             # A query indexed by f = v is skipped when neither image has v at f: the write can
             # neither enter nor leave its result (nor matter while it loads).
             matched: dict[Any, bool] = {}  # predicate -> after satisfies it: tested once per text
-            shared: dict[SharedState, tuple] = {}  # state -> (events, view) of this write, made once
             caught_up = None
-            for live in queries.candidates(before, after):
+            for entry in queries.candidates(before, after):
+                if type(entry) is SharedState:  # caught-up equal queries: matched once, the same events to each
+                    query = entry.query
+                    events, view = self._answer(query, self._changes(query, before, after, operation, matched))
+                    if events or view:
+                        routes, keys = entry.targets()
+                        self.events += len(events) * len(keys)
+                        outputs += [(route, matches(key, events, meta, view)) for route, key in zip(routes, keys)]
+                    continue
+                live = entry
                 query = live.query
                 if query is None:
                     live.buffer.append((source, epoch, item))
                     continue
-                state = live.state
-                if state is not None:
-                    answer = shared.get(state)
-                    if answer is None:
-                        answer = shared[state] = self._answer(query, self._changes(query, before, after, operation,
-                                                                                   matched))
-                else:
-                    covered = False
-                    if live.skip:
-                        covered, done = self._covered(live, source, before, after, epoch, seq)
-                        if done:
-                            if caught_up is None:
-                                caught_up = []
-                            caught_up.append(live)
-                    if covered:
-                        continue
-                    answer = self._answer(query, self._changes(query, before, after, operation, matched))
-                self._emit(outputs, live, answer, meta)
+                covered = False
+                if live.skip:
+                    covered, done = self._covered(live, source, before, after, epoch, seq)
+                    if done:
+                        if caught_up is None:
+                            caught_up = []
+                        caught_up.append(live)
+                if covered:
+                    continue
+                self._emit(outputs, live, self._answer(query, self._changes(query, before, after, operation, matched)),
+                           meta)
             if caught_up is not None:  # after the write reached every query: all have seen the same
                 for live in caught_up:
                     self._share(live)

@@ -580,6 +580,40 @@ def test_equal_queries_share_one_state_matched_once_and_send_the_same_events(mon
     assert key not in table.states and len(table.states) == 3
 
 
+def test_the_bucket_indexes_a_shared_state_once_in_its_members_place():
+    """A write meets a state once (not each member), its events reach every member by the lists
+    the state makes at the first write after its members changed (a join or a leave costs no walk
+    over the members), and a connection's queries hold one route object."""
+    source, table = Source(), QueryTable()
+    table.apply(0, "e0", [source.write("insert", "z", g=2, n=0)])  # the shard has seen the source's writes
+    for index in range(4):
+        table.add(f"k{index}", ("gw", index % 2), f"s{index}", QuerySpec("Todo", {"g": 1}))
+    table.add("own", ("gw", 0), "t", QuerySpec("Todo", {"g": 1}, sort={"n": 1}, limit=3))
+    bucket = table.by_bucket["Todo"]
+    assert list(bucket.equal[("g", 1)]) == ["k0", "k1", "k2", "k3", "own"] and bucket.size == 5  # loading: each its own
+    for key in list(table.queries):
+        table.load(key, [source.scan()])
+    [(key, state), (own_key, own)] = table.states.items()
+    assert list(bucket.equal[("g", 1)].values()) == [state, own] and bucket.size == 2 and bucket.fields == {"g": 2}
+    assert list(state.members) == ["k0", "k1", "k2", "k3"] and state.keys is None  # made at the first write
+    assert table.queries["k0"].route is table.queries["k2"].route is table.queries["own"].route
+    outputs = table.apply(0, "e0", [source.write("insert", "a", g=1, n=1)])
+    assert brief(outputs) == [*[("match", f"k{index}", [("add", "insert", "a", None)]) for index in range(4)],
+                              ("match", "own", [("add", "insert", "a", 0)])]
+    assert [route for route, _ in outputs] == [("gw", 0), ("gw", 1), ("gw", 0), ("gw", 1), ("gw", 0)]
+    assert state.keys == ["k0", "k1", "k2", "k3"] and state.routes == [("gw", 0), ("gw", 1)] * 2
+    assert table.events == 5
+    table.remove("k1")
+    assert state.keys is None and list(state.members) == ["k0", "k2", "k3"] and bucket.size == 2
+    outputs = table.apply(0, "e0", [source.write("insert", "b", g=1, n=2)])
+    assert [key for _, (_, key, *_) in outputs] == ["k0", "k2", "k3", "own"]
+    for member in ("k0", "k2", "k3"):
+        table.remove(member)
+    assert list(bucket.equal[("g", 1)].values()) == [own] and bucket.size == 1 and key not in table.states
+    assert table.purge_connection(("gw", 0)) == 1
+    assert table.by_bucket == {} and table.states == {} and table.by_connection == {} and table.routes == {}
+
+
 def test_a_query_joins_its_equal_state_only_once_it_has_seen_the_same_writes():
     source, table = Source(), QueryTable()
     table.add("first", ROUTE, "s1", QuerySpec("Todo", {"g": 1}))
