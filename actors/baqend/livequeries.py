@@ -116,8 +116,9 @@ class LiveQuery:
 
 
 class SharedState:
-    """One result state for the live queries of one bucket and one :attr:`RealtimeQuery.share_key`
-    (the same text, sort, window, filters and reader) that have seen the same writes: a write is
+    """One result state for the live queries of one bucket, one :attr:`RealtimeQuery.share_key`
+    (the same text, sort, window, filters and reader) and one index term (:func:`index_term` of the
+    spec as sent: a query sent as JSON text is not indexed) that have seen the same writes: a write is
     matched once for all of them and their events are one list. Many clients subscribe to the same
     few queries; their cost then grows with the distinct queries, not with the subscriptions.
 
@@ -181,12 +182,13 @@ class _Bucket:
         self.fields[term[0]] = self.fields.get(term[0], 0) + 1
 
     def remove(self, key: Any, term: tuple[str, Any] | None) -> None:
-        self.size -= 1
         if term is None:
-            self.scan.pop(key, None)
+            if self.scan.pop(key, None) is not None:
+                self.size -= 1
             return
         holders = self.equal.get(term)
         if holders is not None and holders.pop(key, None) is not None:
+            self.size -= 1
             if not holders:
                 del self.equal[term]
             self.fields[term[0]] -= 1
@@ -228,7 +230,7 @@ class QueryTable:
         self.by_connection: dict[Route, set[str]] = {}
         self.routes: dict[Route, Route] = {}  # each connection's route, the one object its queries hold
         self.received: dict[int, Stamp] = {}  # source -> last write seen
-        self.states: dict[tuple, SharedState] = {}  # (bucket, share key) -> the state its queries share
+        self.states: dict[tuple, SharedState] = {}  # (bucket, share key, index term) -> the state its queries share
         self.writes = 0
         self.events = 0
 
@@ -335,12 +337,15 @@ class QueryTable:
         query = live.query
         if query.share_key is None:
             return
-        key = (live.spec.bucket, query.share_key)
+        # The index term too: the same text as a dict and as JSON (or an int and an IntEnum) share
+        # a share key, but the bucket finds a query by the term of the spec it was sent as.
+        term = index_term(live.spec.query)
+        key = (live.spec.bucket, query.share_key, term)
         bucket = self.by_bucket[live.spec.bucket]
         state = self.states.get(key)
         if state is None:
-            state = self.states[key] = SharedState(key, query, index_term(live.spec.query))
-            bucket.add(key, state, state.term)
+            state = self.states[key] = SharedState(key, query, term)
+            bucket.add(key, state, term)
         elif state.query is not query:
             if not query.same_state(state.query):
                 return
